@@ -1,0 +1,37 @@
+# Spillway: a Kubernetes operator for transactional-outbox drainer fleets.
+
+GO          ?= go
+BIN         := $(CURDIR)/bin
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS     := -s -w -X main.version=$(VERSION)
+# Each package's suite uses its own tables and exchanges, so packages run in
+# parallel against the one Postgres and the one RabbitMQ.
+TEST_FLAGS  ?= -count=1 -timeout 20m
+
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## Show the targets.
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+.PHONY: build
+build: ## Build bin/spillway.
+	CGO_ENABLED=0 $(GO) build -ldflags '$(LDFLAGS)' -o $(BIN)/spillway .
+
+.PHONY: services
+services: ## Start the local Postgres and RabbitMQ if they are installed but stopped.
+	@hack/services.sh
+
+.PHONY: test
+test: services ## Run every test suite against the local Postgres and RabbitMQ.
+	$(GO) vet ./...
+	$(GO) test $(TEST_FLAGS) ./...
+
+.PHONY: bench
+bench: services ## Measure broker ceiling, drainer throughput and claim latency; prints ratios.
+	$(GO) run ./test/bench
+
+.PHONY: lint
+lint: ## gofmt and go vet.
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
+	$(GO) vet ./...

@@ -1,0 +1,121 @@
+package drainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// brokerChannel is one AMQP connection with a confirming channel. The claim
+// loop publishes on it; the confirm loop alone reads its returns.
+type brokerChannel struct {
+	conn     *amqp.Connection
+	ch       *amqp.Channel
+	exchange string
+	// mandatory asks the broker to return unroutable messages.
+	mandatory bool
+	// returns is buffered past the pipeline depth: amqp091 delivers a return
+	// before the ack of the same message, and a full buffer would drop it.
+	returns  chan amqp.Return
+	returned map[string]amqp.Return
+}
+
+// dialBroker connects, enables confirms, and checks (or declares) the
+// exchange before anything is claimed, so a missing exchange costs no claims.
+func dialBroker(ctx context.Context, cfg BrokerConfig, drainerID string, depth int) (*brokerChannel, error) {
+	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{
+		Properties: amqp.Table{"connection_name": "spillway-drainer/" + drainerID},
+		Dial:       amqp.DefaultDial(10 * time.Second),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to broker %s: %w", RedactURL(cfg.URL), redactError(err, cfg.URL))
+	}
+	b := &brokerChannel{
+		conn:      conn,
+		exchange:  cfg.Exchange,
+		mandatory: cfg.Mandatory,
+		returns:   make(chan amqp.Return, depth+1),
+		returned:  map[string]amqp.Return{},
+	}
+	if err := b.open(cfg); err != nil {
+		b.close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *brokerChannel) open(cfg BrokerConfig) error {
+	var err error
+	if b.ch, err = b.conn.Channel(); err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := b.ch.Confirm(false); err != nil {
+		return fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	b.ch.NotifyReturn(b.returns)
+	if cfg.Exchange == "" { // the default exchange always exists
+		return nil
+	}
+	if cfg.DeclareExchange {
+		if err := b.ch.ExchangeDeclare(cfg.Exchange, cfg.ExchangeType, true, false, false, false, nil); err != nil {
+			return fmt.Errorf("declare exchange %q: %w", cfg.Exchange, err)
+		}
+		return nil
+	}
+	if err := b.ch.ExchangeDeclarePassive(cfg.Exchange, cfg.ExchangeType, true, false, false, false, nil); err != nil {
+		var amqpErr *amqp.Error
+		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.NotFound {
+			return fmt.Errorf("exchange %q not found: declare it, or set broker.declareExchange", cfg.Exchange)
+		}
+		return fmt.Errorf("check exchange %q: %w", cfg.Exchange, err)
+	}
+	return nil
+}
+
+// healthy is false once the connection or the channel has closed.
+func (b *brokerChannel) healthy() bool {
+	return !b.conn.IsClosed() && b.ch != nil && !b.ch.IsClosed()
+}
+
+func (b *brokerChannel) publish(ctx context.Context, routingKey string, msg amqp.Publishing) (*amqp.DeferredConfirmation, error) {
+	return b.ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, routingKey, b.mandatory, false, msg)
+}
+
+// takeReturn reports whether the broker returned the message. Called after
+// its confirm arrived, by which time amqp091 has queued any return for it.
+func (b *brokerChannel) takeReturn(messageID string) (amqp.Return, bool) {
+drain:
+	for {
+		select {
+		case r := <-b.returns:
+			b.returned[r.MessageId] = r
+		default:
+			break drain
+		}
+	}
+	r, ok := b.returned[messageID]
+	delete(b.returned, messageID)
+	return r, ok
+}
+
+func (b *brokerChannel) close() {
+	_ = b.conn.Close()
+}
+
+// redactError removes a URL's password from an error that quotes the URL,
+// as net/url's parse errors do.
+func redactError(err error, rawURL string) error {
+	u, perr := url.Parse(rawURL)
+	if perr != nil {
+		return errors.New("invalid URL (not shown: it may contain a password)")
+	}
+	if pw, ok := u.User.Password(); ok && pw != "" && strings.Contains(err.Error(), pw) {
+		return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
+	}
+	return err
+}

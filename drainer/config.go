@@ -1,0 +1,131 @@
+package drainer
+
+import (
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
+)
+
+// worstCasePublish is the publish time the lease rule assumes for every
+// message of a full pipeline.
+const worstCasePublish = 100 * time.Millisecond
+
+// BrokerConfig says where and how rows are published.
+type BrokerConfig struct {
+	URL      string
+	Exchange string
+	// Mandatory is off by default: on a fan-out topic exchange "no queue bound
+	// yet" is normal, and with mandatory on it would poison those events.
+	Mandatory bool
+	// DeclareExchange declares a durable exchange of ExchangeType on connect,
+	// for setups where nothing else owns the topology.
+	DeclareExchange bool
+	ExchangeType    string
+}
+
+// Config is one drainer's configuration. Durations are Go durations.
+type Config struct {
+	DrainerID   string
+	DatabaseURL string
+	Table       TableSpec
+	Broker      BrokerConfig
+
+	BatchSize     int
+	PipelineDepth int
+	LeaseTTL      time.Duration
+	PollInterval  time.Duration
+	// ConfirmTimeout bounds each confirm wait; zero means a third of the lease.
+	ConfirmTimeout time.Duration
+	MaxAttempts    int
+	RetryInitial   time.Duration
+	RetryMax       time.Duration
+	// MaxPayloadBytes: a larger row is never loaded, and fails with a reason.
+	MaxPayloadBytes int64
+	// ContentType overrides the one derived from the payload column's type.
+	ContentType string
+	// SynchronousCommit off keeps the application's commits from queueing
+	// behind the drainer's WAL flushes; a claim or mark lost in a database
+	// crash only causes a duplicate, never a loss.
+	SynchronousCommit bool
+}
+
+// DefaultConfig returns the defaults a user gets without flags.
+func DefaultConfig() Config {
+	return Config{
+		Table:           TableSpec{Name: "public.outbox"},
+		Broker:          BrokerConfig{ExchangeType: "topic"},
+		BatchSize:       100,
+		PipelineDepth:   64,
+		LeaseTTL:        30 * time.Second,
+		PollInterval:    time.Second,
+		MaxAttempts:     10,
+		RetryInitial:    time.Second,
+		RetryMax:        10 * time.Minute,
+		MaxPayloadBytes: 16 << 20,
+	}
+}
+
+// MinLeaseTTL is the shortest lease that covers a full pipeline of
+// worst-case publishes three times over.
+func MinLeaseTTL(pipelineDepth int) time.Duration {
+	return 3 * time.Duration(pipelineDepth) * worstCasePublish
+}
+
+// confirmTimeout is the deadline of one confirm wait; always under the lease,
+// so a row whose confirm never comes is released before another drainer may
+// take it over.
+func (c Config) confirmTimeout() time.Duration {
+	if c.ConfirmTimeout > 0 {
+		return c.ConfirmTimeout
+	}
+	return c.LeaseTTL / 3
+}
+
+// Validate checks every rule; each error names the field, the value and the rule.
+func (c Config) Validate() error {
+	var errs field.ErrorList
+	if c.DrainerID == "" {
+		errs = append(errs, field.Required(field.NewPath("drainerID"), "set --drainer-id or POD_NAME"))
+	}
+	if c.DatabaseURL == "" {
+		errs = append(errs, field.Required(field.NewPath("database", "url"), "the outbox database's connection URL"))
+	}
+	if c.Broker.URL == "" {
+		errs = append(errs, field.Required(field.NewPath("broker", "url"), "the AMQP URL of the broker"))
+	}
+	errs = append(errs, c.Table.Validate(field.NewPath("database"))...)
+	switch c.Broker.ExchangeType {
+	case "direct", "fanout", "topic", "headers":
+	default:
+		errs = append(errs, field.NotSupported(field.NewPath("broker", "exchangeType"), c.Broker.ExchangeType, []string{"direct", "fanout", "topic", "headers"}))
+	}
+	if c.BatchSize <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("batchSize"), c.BatchSize, "must be greater than 0"))
+	}
+	if c.PipelineDepth <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("pipelineDepth"), c.PipelineDepth, "must be greater than 0"))
+	} else if minLease := MinLeaseTTL(c.PipelineDepth); c.LeaseTTL < minLease {
+		errs = append(errs, field.Invalid(field.NewPath("leaseTTL"), c.LeaseTTL.String(),
+			fmt.Sprintf("must be at least 3 × pipelineDepth × %s = %s for pipelineDepth %d", worstCasePublish, minLease, c.PipelineDepth)))
+	}
+	if c.PollInterval <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("pollInterval"), c.PollInterval.String(), "must be greater than 0"))
+	}
+	if c.ConfirmTimeout < 0 || (c.ConfirmTimeout > 0 && c.ConfirmTimeout >= c.LeaseTTL) {
+		errs = append(errs, field.Invalid(field.NewPath("confirmTimeout"), c.ConfirmTimeout.String(), "must be 0 (a third of leaseTTL) or positive and shorter than leaseTTL "+c.LeaseTTL.String()))
+	}
+	if c.MaxAttempts <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("maxAttempts"), c.MaxAttempts, "must be greater than 0"))
+	}
+	if c.RetryInitial <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("retryBackoff", "initial"), c.RetryInitial.String(), "must be greater than 0"))
+	}
+	if c.RetryMax < c.RetryInitial {
+		errs = append(errs, field.Invalid(field.NewPath("retryBackoff", "max"), c.RetryMax.String(), "must be at least retryBackoff.initial "+c.RetryInitial.String()))
+	}
+	if c.MaxPayloadBytes <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("maxPayloadBytes"), c.MaxPayloadBytes, "must be greater than 0"))
+	}
+	return errs.ToAggregate()
+}

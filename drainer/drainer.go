@@ -1,0 +1,343 @@
+package drainer
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// outcomeKind is what phase 3 does with a row.
+type outcomeKind int
+
+const (
+	// published: the broker acked it.
+	published outcomeKind = iota
+	// failed: the broker refused it or the row cannot be published; the row
+	// is at fault, so an attempt is counted and it backs off.
+	failed
+	// released: the outcome is unknown or the broker is unavailable. The row
+	// did nothing wrong, so no attempt is counted: a duplicate is possible, a
+	// loss is not.
+	released
+)
+
+// Release reasons, used as metric labels.
+const (
+	releaseConfirmLost       = "confirm_lost"
+	releaseConfirmTimeout    = "confirm_timeout"
+	releaseBrokerUnavailable = "broker_unavailable"
+	releaseShutdown          = "shutdown"
+)
+
+type outcome struct {
+	kind   outcomeKind
+	reason string // metric label, for failed and released
+	detail string // last_error, for failed
+}
+
+// batch is one claim's rows and, once confirmed, their outcomes.
+type batch struct {
+	rows     []Row
+	outcomes []outcome
+}
+
+// inflight is one row on its way from publish to settle. Rows travel in
+// publish order, so a batch is complete when its last row has an outcome.
+type inflight struct {
+	batch   *batch
+	index   int
+	outcome outcome
+	// confirm is nil when the outcome was known without publishing.
+	confirm     *amqp.DeferredConfirmation
+	broker      *brokerChannel
+	publishedAt time.Time
+}
+
+// Drainer runs the three-phase loop for one drainer ID.
+type Drainer struct {
+	cfg         Config
+	store       *Store
+	metrics     *Metrics
+	log         *slog.Logger
+	contentType string
+	// slots caps the confirms in flight at the pipeline depth.
+	slots chan struct{}
+	// broker is owned by the claim loop; the confirm loop may close it.
+	broker *brokerChannel
+}
+
+// New checks the config and returns a drainer over store.
+func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	contentType := cfg.ContentType
+	if contentType == "" {
+		contentType = contentTypeFor(store.Table().PayloadType())
+	}
+	return &Drainer{
+		cfg:         cfg,
+		store:       store,
+		metrics:     metrics,
+		log:         log.With("drainer", cfg.DrainerID, "table", store.Table().Name()),
+		contentType: contentType,
+		slots:       make(chan struct{}, cfg.PipelineDepth),
+	}, nil
+}
+
+// Run drains until ctx ends, then lets in-flight confirms resolve, settles
+// them and returns. Claims of the next batch overlap the current batch's
+// confirms: the claim loop only waits for a free pipeline slot.
+func (d *Drainer) Run(ctx context.Context) error {
+	n, err := d.store.ReleaseAll(ctx, d.cfg.DrainerID)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		d.log.Info("Released claims left by a previous process under this drainer ID", "rows", n)
+	}
+	pending := make(chan inflight, d.cfg.PipelineDepth)
+	settle := make(chan *batch, 4)
+	var wg sync.WaitGroup
+	wg.Go(func() { d.confirmLoop(pending, settle) })
+	wg.Go(func() { d.settleLoop(context.WithoutCancel(ctx), settle) })
+	d.claimLoop(ctx, pending)
+	close(pending)
+	wg.Wait()
+	if d.broker != nil {
+		d.broker.close()
+	}
+	return nil
+}
+
+func (d *Drainer) claimLoop(ctx context.Context, pending chan<- inflight) {
+	retry := newRetryBackoff()
+	for ctx.Err() == nil {
+		broker, err := d.connectBroker(ctx)
+		if err != nil {
+			return
+		}
+		start := time.Now()
+		rows, err := d.store.Claim(ctx, ClaimParams{
+			DrainerID:       d.cfg.DrainerID,
+			BatchSize:       d.cfg.BatchSize,
+			MaxAttempts:     d.cfg.MaxAttempts,
+			LeaseMillis:     d.cfg.LeaseTTL.Milliseconds(),
+			MaxPayloadBytes: d.cfg.MaxPayloadBytes,
+		})
+		if err != nil {
+			if ctx.Err() == nil {
+				wait := retry.NextBackOff()
+				d.log.Error("Claim failed", "error", err, "retryIn", wait)
+				sleep(ctx, wait)
+			}
+			continue
+		}
+		retry.Reset()
+		d.metrics.ClaimDuration.Observe(time.Since(start).Seconds())
+		d.metrics.BatchSize.Observe(float64(len(rows)))
+		d.metrics.Claimed.Add(float64(len(rows)))
+		if len(rows) > 0 {
+			d.publish(ctx, broker, rows, pending)
+		}
+		if len(rows) < d.cfg.BatchSize {
+			sleep(ctx, d.cfg.PollInterval)
+		}
+	}
+}
+
+// connectBroker returns a healthy broker channel, reconnecting with
+// jittered backoff for as long as it takes. Nothing is claimed meanwhile, so
+// rows are not claimed only to be released.
+func (d *Drainer) connectBroker(ctx context.Context) (*brokerChannel, error) {
+	if d.broker != nil && d.broker.healthy() {
+		return d.broker, nil
+	}
+	if d.broker != nil {
+		d.broker.close()
+		d.broker = nil
+		d.log.Warn("Broker channel closed; reconnecting")
+	}
+	b, err := backoff.Retry(ctx, func() (*brokerChannel, error) {
+		return dialBroker(ctx, d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth)
+	},
+		backoff.WithBackOff(newRetryBackoff()),
+		backoff.WithMaxElapsedTime(0),
+		backoff.WithNotify(func(err error, wait time.Duration) {
+			d.log.Error("Broker unavailable; claiming paused", "error", err, "retryIn", wait)
+		}))
+	if err != nil {
+		return nil, err
+	}
+	d.log.Info("Connected to broker", "exchange", d.cfg.Broker.Exchange)
+	d.broker = b
+	return b, nil
+}
+
+// publish is phase 2 for one batch. Every row goes to the confirm loop,
+// published or with its outcome already known.
+func (d *Drainer) publish(ctx context.Context, b *brokerChannel, rows []Row, pending chan<- inflight) {
+	bt := &batch{rows: rows, outcomes: make([]outcome, len(rows))}
+	// Once the channel fails or shutdown starts, the rest of the batch is released.
+	var rest *outcome
+	for i, row := range rows {
+		p := inflight{batch: bt, index: i}
+		if rest == nil && ctx.Err() != nil {
+			rest = &outcome{kind: released, reason: releaseShutdown}
+		}
+		if rest != nil {
+			p.outcome = *rest
+			pending <- p
+			continue
+		}
+		key, msg, fault := buildMessage(row, d.contentType, d.cfg.MaxPayloadBytes)
+		if fault != nil {
+			p.outcome = outcome{kind: failed, reason: fault.reason, detail: fault.detail}
+			pending <- p
+			continue
+		}
+		d.slots <- struct{}{}
+		d.metrics.InFlight.Inc()
+		p.publishedAt = time.Now()
+		// The publish itself must not be cut by shutdown: a half-written
+		// frame would close the channel under the in-flight confirms.
+		dc, err := b.publish(context.WithoutCancel(ctx), key, msg)
+		if err != nil {
+			d.freeSlot()
+			d.log.Error("Publish failed; releasing the rest of the batch", "error", err)
+			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
+			p.outcome = *rest
+		} else {
+			p.confirm, p.broker = dc, b
+		}
+		pending <- p
+	}
+}
+
+func (d *Drainer) freeSlot() {
+	<-d.slots
+	d.metrics.InFlight.Dec()
+}
+
+// confirmLoop resolves confirms in publish order and hands each completed
+// batch to the settle loop.
+func (d *Drainer) confirmLoop(pending <-chan inflight, settle chan<- *batch) {
+	defer close(settle)
+	for p := range pending {
+		if p.confirm != nil {
+			p.outcome = d.awaitConfirm(p)
+			d.freeSlot()
+		}
+		p.batch.outcomes[p.index] = p.outcome
+		if p.index == len(p.batch.rows)-1 {
+			settle <- p.batch
+		}
+	}
+}
+
+// awaitConfirm classifies one publish by its confirm.
+func (d *Drainer) awaitConfirm(p inflight) outcome {
+	ctx, cancel := context.WithDeadline(context.Background(), p.publishedAt.Add(d.cfg.confirmTimeout()))
+	defer cancel()
+	acked, err := p.confirm.WaitContext(ctx)
+	switch {
+	case err != nil:
+		// A channel that stalls past the deadline is not trusted again; the
+		// claim loop reconnects.
+		p.broker.close()
+		return outcome{kind: released, reason: releaseConfirmTimeout}
+	case !acked && p.broker.ch.IsClosed():
+		// amqp091 resolves pending confirms as nacks when the channel
+		// closes: that is a lost confirm, not the broker's refusal.
+		return outcome{kind: released, reason: releaseConfirmLost}
+	case !acked:
+		return outcome{kind: failed, reason: reasonNack, detail: "broker nacked the message (a queue may be full with overflow reject-publish)"}
+	}
+	d.metrics.ConfirmLatency.Observe(time.Since(p.publishedAt).Seconds())
+	if ret, ok := p.broker.takeReturn(p.batch.rows[p.index].ID); ok {
+		return outcome{kind: failed, reason: reasonReturned,
+			detail: fmt.Sprintf("broker returned the message: %d %s (exchange %q, routing key %q)", ret.ReplyCode, ret.ReplyText, ret.Exchange, ret.RoutingKey)}
+	}
+	return outcome{kind: published}
+}
+
+func (d *Drainer) settleLoop(ctx context.Context, settle <-chan *batch) {
+	for b := range settle {
+		d.settle(ctx, b)
+	}
+}
+
+// settlementOf groups a batch's rows by outcome.
+func settlementOf(b *batch) Settlement {
+	var st Settlement
+	for i, o := range b.outcomes {
+		id := b.rows[i].ID
+		switch o.kind {
+		case published:
+			st.Published = append(st.Published, id)
+		case failed:
+			st.Failed = append(st.Failed, id)
+			st.Reasons = append(st.Reasons, truncate(o.detail, maxLastErrorLength))
+		case released:
+			st.Released = append(st.Released, id)
+		}
+	}
+	return st
+}
+
+// settle is phase 3, retried until the lease would have expired anyway: past
+// that, the rows are another drainer's to claim and publish again.
+func (d *Drainer) settle(ctx context.Context, b *batch) {
+	st := settlementOf(b)
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseTTL)
+	defer cancel()
+	retryBackoff := Backoff{Initial: d.cfg.RetryInitial.Milliseconds(), Max: d.cfg.RetryMax.Milliseconds()}
+	done, err := backoff.Retry(ctx, func() (Settled, error) {
+		return d.store.Settle(ctx, d.cfg.DrainerID, st, retryBackoff)
+	}, backoff.WithBackOff(newRetryBackoff()), backoff.WithNotify(func(err error, wait time.Duration) {
+		d.log.Error("Settle failed; retrying", "error", err, "retryIn", wait)
+	}))
+	if err != nil {
+		d.log.Error("Settle gave up; the rows will be claimed again when their lease expires", "rows", len(b.rows), "error", err)
+		return
+	}
+	for _, o := range b.outcomes {
+		switch o.kind {
+		case failed:
+			d.metrics.Failed.WithLabelValues(o.reason).Inc()
+		case released:
+			d.metrics.Released.WithLabelValues(o.reason).Inc()
+		}
+	}
+	d.metrics.Published.Add(float64(done.Published))
+	if done.Published > 0 {
+		d.metrics.LastPublish.SetToCurrentTime()
+	}
+	lost := int64(len(st.Published)+len(st.Failed)+len(st.Released)) - done.Published - done.Failed - done.Released
+	if lost > 0 {
+		d.metrics.LeaseLost.Add(float64(lost))
+		d.log.Warn("Lease lost: another drainer took over expired claims, so this settle left them alone",
+			"rows", lost, "published", len(st.Published), "marked", done.Published)
+	}
+}
+
+func newRetryBackoff() *backoff.ExponentialBackOff {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = 100 * time.Millisecond
+	b.MaxInterval = 30 * time.Second
+	return b
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

@@ -1,0 +1,161 @@
+package drainer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+func TestDrainer(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Drainer Suite")
+}
+
+var (
+	pool    *pgxpool.Pool
+	amqpCon *amqp.Connection
+)
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	var err error
+	pool, err = pgxpool.New(ctx, testenv.DatabaseURL())
+	Expect(err).NotTo(HaveOccurred())
+	Expect(pool.Ping(ctx)).To(Succeed(), "Postgres must be running: make test starts it")
+	amqpCon, err = amqp.Dial(testenv.BrokerURL())
+	Expect(err).NotTo(HaveOccurred(), "RabbitMQ must be running: make test starts it")
+	DeferCleanup(func() {
+		pool.Close()
+		_ = amqpCon.Close()
+	})
+})
+
+// amqpChannel opens a channel for the current test.
+func amqpChannel() *amqp.Channel {
+	ch, err := amqpCon.Channel()
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { _ = ch.Close() })
+	return ch
+}
+
+// topology declares an exchange and a bound queue for the current test.
+func topology(bindingKey string, queueArgs amqp.Table) testenv.Topology {
+	ch := amqpChannel()
+	t, err := testenv.DeclareTopology(ch, bindingKey, queueArgs)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() {
+		ch, err := amqpCon.Channel()
+		if err == nil {
+			t.Delete(ch)
+			_ = ch.Close()
+		}
+	})
+	return t
+}
+
+// canonicalOutbox migrates a fresh canonical table for the current test.
+func canonicalOutbox(ctx context.Context) TableSpec {
+	spec := TableSpec{Name: "public." + testenv.UniqueName("outbox")}
+	_, err := Migrate(ctx, pool, spec)
+	Expect(err).NotTo(HaveOccurred())
+	dropAfterTest(spec.Name)
+	return spec
+}
+
+func dropAfterTest(table string) {
+	DeferCleanup(func(ctx SpecContext) {
+		_, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+table)
+		Expect(err).NotTo(HaveOccurred())
+	})
+}
+
+// exec runs fixture SQL: the test playing the application or the clock.
+func exec(ctx context.Context, sql string, args ...any) int64 {
+	tag, err := pool.Exec(ctx, sql, args...)
+	Expect(err).NotTo(HaveOccurred(), sql)
+	return tag.RowsAffected()
+}
+
+// seed inserts n pending rows with routing key order.created.
+func seed(ctx context.Context, table string, n int) {
+	exec(ctx, fmt.Sprintf(`INSERT INTO %s (event_type, payload, headers)
+		SELECT 'order.created', jsonb_build_object('n', g), jsonb_build_object('seq', g)
+		FROM generate_series(1, $1) g`, table), n)
+}
+
+// count returns the number of rows of table matching where.
+func count(ctx context.Context, table, where string, args ...any) int {
+	var n int
+	Expect(pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE "+where, args...).Scan(&n)).To(Succeed())
+	return n
+}
+
+// ids returns the ids of table matching where, as text.
+func ids(ctx context.Context, table, where string, args ...any) []string {
+	rows, err := pool.Query(ctx, "SELECT id::text FROM "+table+" WHERE "+where, args...)
+	Expect(err).NotTo(HaveOccurred())
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	Expect(err).NotTo(HaveOccurred())
+	return out
+}
+
+// testConfig is a valid config for the current test's table and exchange.
+func testConfig(id string, spec TableSpec, exchange string) Config {
+	cfg := DefaultConfig()
+	cfg.DrainerID = id
+	cfg.DatabaseURL = testenv.DatabaseURL()
+	cfg.Broker.URL = testenv.BrokerURL()
+	cfg.Broker.Exchange = exchange
+	cfg.Table = spec
+	cfg.PollInterval = 50 * time.Millisecond
+	return cfg
+}
+
+// running is a drainer started by a test.
+type running struct {
+	*Drainer
+	reg  *prometheus.Registry
+	stop context.CancelFunc
+	done chan error
+}
+
+// newDrainer builds a drainer over the shared pool, with its own metrics.
+func newDrainer(ctx context.Context, cfg Config) *running {
+	store, err := OpenStore(ctx, pool, cfg.Table)
+	Expect(err).NotTo(HaveOccurred())
+	reg := prometheus.NewRegistry()
+	d, err := New(cfg, store, NewMetrics(reg), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	Expect(err).NotTo(HaveOccurred())
+	return &running{Drainer: d, reg: reg}
+}
+
+// start runs the drainer until the test ends.
+func (r *running) start() *running {
+	ctx, cancel := context.WithCancel(context.Background())
+	r.stop, r.done = cancel, make(chan error, 1)
+	go func() {
+		defer GinkgoRecover()
+		r.done <- r.Run(ctx)
+	}()
+	DeferCleanup(func() {
+		r.stop()
+		Eventually(r.done, 30*time.Second).Should(Receive(BeNil()))
+	})
+	return r
+}
+
+// startDrainer builds and runs a drainer until the test ends.
+func startDrainer(ctx context.Context, cfg Config) *running {
+	return newDrainer(ctx, cfg).start()
+}

@@ -1,0 +1,275 @@
+package drainer
+
+import (
+	"context"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+const drainTimeout = 60 * time.Second
+
+var _ = Describe("Draining", Label("integration"), func() {
+	It("publishes every row of a 10,000-row outbox exactly once with 3 concurrent drainers", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		seed(ctx, spec.Name, 10_000)
+		for _, id := range []string{"drainer-a", "drainer-b", "drainer-c"} {
+			startDrainer(ctx, testConfig(id, spec, topo.Exchange))
+		}
+
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout, 100*time.Millisecond).Should(BeZero())
+		Expect(count(ctx, spec.Name, "true")).To(Equal(10_000))
+		Expect(count(ctx, spec.Name, "attempts > 0")).To(BeZero())
+		var drainers int
+		Expect(pool.QueryRow(ctx, "SELECT count(DISTINCT claimed_by) FROM "+spec.Name).Scan(&drainers)).To(Succeed())
+		Expect(drainers).To(Equal(3), "all three drainers took part")
+
+		ch := amqpChannel()
+		Expect(testenv.QueueDepth(ch, topo.Queue)).To(Equal(10_000), "one message per row, no duplicates")
+		msgs, err := testenv.Consume(ch, topo.Queue, 10_000, 30*time.Second)
+		Expect(err).NotTo(HaveOccurred())
+		seen := map[string]bool{}
+		var twice, missing []string
+		for _, m := range msgs {
+			if seen[m.MessageId] {
+				twice = append(twice, m.MessageId)
+			}
+			seen[m.MessageId] = true
+		}
+		for _, id := range ids(ctx, spec.Name, "true") {
+			if !seen[id] {
+				missing = append(missing, id)
+			}
+		}
+		Expect(twice).To(BeEmpty(), "rows published twice")
+		Expect(missing).To(BeEmpty(), "rows never published")
+	})
+
+	It("publishes each message persistent, with the row id, routing key, headers, content type and timestamp", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("order.*", nil)
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, headers, enqueued_at)
+			VALUES ('order.created', '{"order": 7}', '{"tenant": "acme", "version": 2}', '2026-01-02T03:04:05Z')`)
+		startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+
+		msgs, err := testenv.Consume(amqpChannel(), topo.Queue, 1, 10*time.Second)
+		Expect(err).NotTo(HaveOccurred())
+		m := msgs[0]
+		Expect(m.MessageId).To(Equal(ids(ctx, spec.Name, "true")[0]))
+		Expect(m.RoutingKey).To(Equal("order.created"))
+		Expect(m.DeliveryMode).To(Equal(amqp.Persistent))
+		Expect(m.ContentType).To(Equal("application/json"))
+		Expect(m.Timestamp.UTC()).To(Equal(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)))
+		Expect(m.Headers).To(Equal(amqp.Table{"tenant": "acme", "version": int64(2)}))
+		Expect(string(m.Body)).To(MatchJSON(`{"order": 7}`))
+	})
+})
+
+var _ = Describe("Leases", Label("integration"), func() {
+	var (
+		spec  TableSpec
+		store *Store
+	)
+	claim := func(ctx context.Context, id string, n int) []Row {
+		rows, err := store.Claim(ctx, ClaimParams{DrainerID: id, BatchSize: n, MaxAttempts: 10, LeaseMillis: 30_000, MaxPayloadBytes: 1 << 20})
+		Expect(err).NotTo(HaveOccurred())
+		return rows
+	}
+	idsOf := func(rows []Row) []string {
+		var out []string
+		for _, r := range rows {
+			out = append(out, r.ID)
+		}
+		return out
+	}
+	backdate := func(ctx context.Context, rowIDs []string) {
+		exec(ctx, "UPDATE "+spec.Name+" SET claimed_at = now() - interval '31 seconds' WHERE id = ANY($1::uuid[])", rowIDs)
+	}
+
+	BeforeEach(func(ctx SpecContext) {
+		spec = canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 10)
+		var err error
+		store, err = OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+	})
+
+	It("re-claims rows whose lease expired and leaves rows with a live lease alone", func(ctx SpecContext) {
+		held := claim(ctx, "drainer-a", 10)
+		Expect(held).To(HaveLen(10))
+		Expect(claim(ctx, "drainer-b", 10)).To(BeEmpty(), "every lease is live")
+
+		expired := idsOf(held[:4])
+		backdate(ctx, expired)
+		Expect(idsOf(claim(ctx, "drainer-b", 10))).To(ConsistOf(expired))
+		Expect(count(ctx, spec.Name, "claimed_by = 'drainer-a'")).To(Equal(6))
+	})
+
+	It("lets a drainer whose rows were re-claimed mark nothing, report it, and keep running", func(ctx SpecContext) {
+		topo := topology("#", nil)
+		a := newDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+		held := claim(ctx, "drainer-a", 10)
+		backdate(ctx, idsOf(held))
+		Expect(claim(ctx, "drainer-b", 10)).To(HaveLen(10))
+
+		// drainer-a's confirms came back after its lease had expired.
+		b := &batch{rows: held, outcomes: make([]outcome, len(held))}
+		a.settle(ctx, b)
+		Expect(testutil.ToFloat64(a.metrics.LeaseLost)).To(Equal(10.0))
+		Expect(testutil.ToFloat64(a.metrics.Published)).To(BeZero())
+		Expect(count(ctx, spec.Name, "published_at IS NULL AND claimed_by = 'drainer-b'")).To(Equal(10))
+
+		a.start()
+		exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload) VALUES ('order.created', '{}')")
+		Eventually(func() int {
+			return count(ctx, spec.Name, "published_at IS NOT NULL AND claimed_by = 'drainer-a'")
+		}, drainTimeout).Should(Equal(1))
+	})
+
+	It("releases, on start, the claims a previous process left under the same drainer ID", func(ctx SpecContext) {
+		topo := topology("#", nil)
+		mine := idsOf(claim(ctx, "drainer-a", 5))
+		theirs := idsOf(claim(ctx, "drainer-b", 5))
+
+		startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+		Eventually(func() int {
+			return count(ctx, spec.Name, "published_at IS NOT NULL AND id = ANY($1::uuid[])", mine)
+		}, drainTimeout).Should(Equal(5))
+		Consistently(func() int {
+			return count(ctx, spec.Name, "published_at IS NULL AND claimed_by = 'drainer-b' AND id = ANY($1::uuid[])", theirs)
+		}, time.Second).Should(Equal(5), "another drainer's live leases are not touched")
+	})
+})
+
+var _ = Describe("Failures", Label("integration"), func() {
+	It("releases the whole batch without counting attempts when the exchange disappears mid-drain", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		d := startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+		seed(ctx, spec.Name, 10)
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+
+		Expect(amqpChannel().ExchangeDelete(topo.Exchange, false, false)).To(Succeed())
+		exec(ctx, "TRUNCATE "+spec.Name)
+		seed(ctx, spec.Name, 200)
+		Eventually(func() float64 {
+			return testutil.ToFloat64(d.metrics.Released.WithLabelValues(releaseConfirmLost)) +
+				testutil.ToFloat64(d.metrics.Released.WithLabelValues(releaseBrokerUnavailable))
+		}, drainTimeout).Should(BeNumerically(">", 0), "the channel closed with 404 and the claims were released")
+		Consistently(func() int {
+			return count(ctx, spec.Name, "claimed_by IS NOT NULL OR attempts > 0 OR published_at IS NOT NULL")
+		}, 2*time.Second, 100*time.Millisecond).Should(BeZero(), "nothing claimed, bumped or published while the exchange is missing")
+
+		ch := amqpChannel()
+		Expect(ch.ExchangeDeclare(topo.Exchange, "topic", true, false, false, false, nil)).To(Succeed())
+		Expect(ch.QueueBind(topo.Queue, "#", topo.Exchange, false, nil)).To(Succeed())
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		Expect(count(ctx, spec.Name, "attempts > 0")).To(BeZero())
+	})
+
+	It("claims nothing while the broker is unreachable", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 20)
+		cfg := testConfig("drainer-a", spec, "amq.topic")
+		cfg.Broker.URL = "amqp://guest:guest@127.0.0.1:1/"
+		startDrainer(ctx, cfg)
+		Consistently(func() int {
+			return count(ctx, spec.Name, "claimed_by IS NOT NULL OR attempts > 0")
+		}, 2*time.Second, 100*time.Millisecond).Should(BeZero())
+	})
+
+	Describe("of a single row", func() {
+		var spec TableSpec
+		BeforeEach(func(ctx SpecContext) { spec = canonicalOutbox(ctx) })
+
+		// failedRow waits for the row's first failure and returns its last_error
+		// and backoff, as the database sees them.
+		failedRow := func(ctx context.Context) (lastError string, backoff time.Duration) {
+			Eventually(func() int { return count(ctx, spec.Name, "attempts = 1") }, drainTimeout).Should(Equal(1))
+			var secs float64
+			Expect(pool.QueryRow(ctx, `SELECT last_error, extract(epoch FROM available_at - now())
+				FROM `+spec.Name+` WHERE claimed_by IS NULL AND published_at IS NULL`).Scan(&lastError, &secs)).To(Succeed())
+			return lastError, time.Duration(secs * float64(time.Second))
+		}
+
+		It("counts an attempt, stores the reason and backs off when the broker nacks", func(ctx SpecContext) {
+			topo := topology("#", amqp.Table{"x-max-length": 0, "x-overflow": "reject-publish"})
+			seed(ctx, spec.Name, 1)
+			cfg := testConfig("drainer-a", spec, topo.Exchange)
+			cfg.RetryInitial, cfg.RetryMax = time.Hour, 2*time.Hour
+			startDrainer(ctx, cfg)
+			lastError, backoff := failedRow(ctx)
+			Expect(lastError).To(ContainSubstring("broker nacked"))
+			Expect(backoff).To(BeNumerically("~", time.Hour, time.Minute))
+		})
+
+		It("counts an attempt when mandatory is on and the message is unroutable", func(ctx SpecContext) {
+			topo := topology("nothing.matches", nil)
+			seed(ctx, spec.Name, 1)
+			cfg := testConfig("drainer-a", spec, topo.Exchange)
+			cfg.Broker.Mandatory = true
+			startDrainer(ctx, cfg)
+			lastError, _ := failedRow(ctx)
+			Expect(lastError).To(ContainSubstring("312 NO_ROUTE"))
+		})
+
+		It("marks an unroutable message published when mandatory is off, the default", func(ctx SpecContext) {
+			topo := topology("nothing.matches", nil)
+			seed(ctx, spec.Name, 1)
+			startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+			Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL AND attempts = 0") }, drainTimeout).Should(Equal(1))
+		})
+
+		It("caps the exponential backoff", func(ctx SpecContext) {
+			topo := topology("#", amqp.Table{"x-max-length": 0, "x-overflow": "reject-publish"})
+			seed(ctx, spec.Name, 1)
+			exec(ctx, "UPDATE "+spec.Name+" SET attempts = 3")
+			cfg := testConfig("drainer-a", spec, topo.Exchange)
+			cfg.RetryInitial, cfg.RetryMax = time.Hour, 5*time.Hour // 1h × 2³ = 8h, capped at 5h
+			startDrainer(ctx, cfg)
+			Eventually(func() int { return count(ctx, spec.Name, "attempts = 4") }, drainTimeout).Should(Equal(1))
+			Expect(count(ctx, spec.Name, "available_at BETWEEN now() + interval '4 hours 59 minutes' AND now() + interval '5 hours'")).To(Equal(1))
+		})
+
+		It("fails a row with malformed headers without publishing it", func(ctx SpecContext) {
+			topo := topology("#", nil)
+			exec(ctx, "INSERT INTO "+spec.Name+` (event_type, payload, headers) VALUES ('order.created', '{}', '["not", "an object"]')`)
+			startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+			lastError, _ := failedRow(ctx)
+			Expect(lastError).To(ContainSubstring("headers: must be a JSON object"))
+			Expect(testenv.QueueDepth(amqpChannel(), topo.Queue)).To(BeZero())
+		})
+
+		It("fails an oversized row without loading its payload", func(ctx SpecContext) {
+			topo := topology("#", nil)
+			exec(ctx, "INSERT INTO "+spec.Name+` (event_type, payload) VALUES ('order.created', jsonb_build_object('pad', repeat('x', 500)))`)
+			cfg := testConfig("drainer-a", spec, topo.Exchange)
+			cfg.MaxPayloadBytes = 100
+			startDrainer(ctx, cfg)
+			lastError, _ := failedRow(ctx)
+			Expect(lastError).To(MatchRegexp(`payload is \d+ bytes, over the 100-byte limit`))
+		})
+	})
+
+	It("never claims poisoned rows", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		seed(ctx, spec.Name, 20)
+		poisoned := ids(ctx, spec.Name, "true LIMIT 10")
+		exec(ctx, "UPDATE "+spec.Name+" SET attempts = 3 WHERE id = ANY($1::uuid[])", poisoned)
+		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		cfg.MaxAttempts = 3
+		startDrainer(ctx, cfg)
+
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(10))
+		Consistently(func() int {
+			return count(ctx, spec.Name, "claimed_by IS NULL AND published_at IS NULL AND id = ANY($1::uuid[])", poisoned)
+		}, time.Second).Should(Equal(10))
+	})
+})

@@ -1,0 +1,45 @@
+package drainer
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the drainer's Prometheus collectors, all under spillway_drainer_.
+type Metrics struct {
+	Claimed        prometheus.Counter
+	Published      prometheus.Counter
+	Failed         *prometheus.CounterVec
+	Released       *prometheus.CounterVec
+	LeaseLost      prometheus.Counter
+	ClaimDuration  prometheus.Histogram
+	ConfirmLatency prometheus.Histogram
+	BatchSize      prometheus.Histogram
+	InFlight       prometheus.Gauge
+	LastPublish    prometheus.Gauge
+}
+
+// NewMetrics creates the collectors and registers them with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	opts := func(name, help string) prometheus.Opts {
+		return prometheus.Opts{Namespace: "spillway", Subsystem: "drainer", Name: name, Help: help}
+	}
+	m := &Metrics{
+		Claimed:   prometheus.NewCounter(prometheus.CounterOpts(opts("claimed_rows_total", "Rows claimed from the outbox."))),
+		Published: prometheus.NewCounter(prometheus.CounterOpts(opts("published_rows_total", "Rows confirmed by the broker and marked published."))),
+		Failed: prometheus.NewCounterVec(prometheus.CounterOpts(opts("failed_rows_total",
+			"Rows that failed and counted an attempt, by reason (nack, returned, oversized, bad_headers, no_routing_key).")), []string{"reason"}),
+		Released: prometheus.NewCounterVec(prometheus.CounterOpts(opts("released_rows_total",
+			"Claims given back without counting an attempt, by reason (confirm_lost, confirm_timeout, broker_unavailable, shutdown).")), []string{"reason"}),
+		LeaseLost: prometheus.NewCounter(prometheus.CounterOpts(opts("lease_lost_rows_total",
+			"Rows a settle left alone because another drainer had taken over their expired lease."))),
+		ClaimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
+			Name: "claim_duration_seconds", Help: "Time taken by one claim statement.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+		ConfirmLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
+			Name: "confirm_duration_seconds", Help: "Time from publish to broker confirm.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
+			Name: "batch_size_rows", Help: "Rows returned by one claim.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
+		InFlight:    prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight_messages", "Messages published and awaiting their confirm."))),
+		LastPublish: prometheus.NewGauge(prometheus.GaugeOpts(opts("last_publish_timestamp_seconds", "Unix time of the last confirmed publish."))),
+	}
+	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
+		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish)
+	return m
+}

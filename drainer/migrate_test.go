@@ -1,0 +1,129 @@
+package drainer
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+// schemaOf describes a table's columns and indexes as the catalog has them.
+func schemaOf(ctx context.Context, table string) []string {
+	rows, err := pool.Query(ctx, `
+		SELECT 'column ' || attname || ' ' || format_type(atttypid, atttypmod) || ' ' || attnotnull
+		FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped
+		UNION ALL
+		SELECT 'index ' || pg_get_indexdef(indexrelid) FROM pg_index WHERE indrelid = to_regclass($1)
+		ORDER BY 1`, table)
+	Expect(err).NotTo(HaveOccurred())
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	Expect(err).NotTo(HaveOccurred())
+	return out
+}
+
+var _ = Describe("Migrate", Label("integration"), func() {
+	It("creates the canonical table with its claim index, and a second run changes nothing", func(ctx SpecContext) {
+		spec := TableSpec{Name: "public." + testenv.UniqueName("outbox")}
+		dropAfterTest(spec.Name)
+		done, err := Migrate(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done).To(ConsistOf("created table "+spec.Name, "created index "+spec.indexName()))
+		before := schemaOf(ctx, spec.Name)
+		Expect(before).To(ContainElement(ContainSubstring("(attempts, enqueued_at) WHERE (published_at IS NULL)")))
+
+		done, err = Migrate(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done).To(BeEmpty())
+		Expect(schemaOf(ctx, spec.Name)).To(Equal(before))
+	})
+
+	It("replaces a claim index left invalid by an interrupted build", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		exec(ctx, "UPDATE pg_index SET indisvalid = false WHERE indexrelid = to_regclass($1)", "public."+spec.indexName())
+		done, err := Migrate(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done).To(ConsistOf("created index " + spec.indexName()))
+		Expect(count(ctx, "pg_index", "indexrelid = to_regclass($1) AND indisvalid", "public."+spec.indexName())).To(Equal(1))
+	})
+
+	It("refuses a table without a payload column rather than inventing one", func(ctx SpecContext) {
+		name := "public." + testenv.UniqueName("notes")
+		exec(ctx, "CREATE TABLE "+name+" (id bigserial PRIMARY KEY, body text, published_at timestamptz)")
+		dropAfterTest(name)
+		_, err := Migrate(ctx, pool, TableSpec{Name: name})
+		Expect(err).To(MatchError(ContainSubstring("database.columns.payload: Not found")))
+	})
+})
+
+var _ = Describe("Draining existing tables through the column mapping", Label("integration"), func() {
+	It("drains an event_outbox whose routing key is the payload's event_type", func(ctx SpecContext) {
+		name := "public." + testenv.UniqueName("event_outbox")
+		exec(ctx, `CREATE TABLE `+name+` (
+			id uuid PRIMARY KEY DEFAULT gen_random_uuid(), payload jsonb NOT NULL,
+			enqueued_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz,
+			claimed_at timestamptz, claimed_by text, attempts int NOT NULL DEFAULT 0, last_error text)`)
+		dropAfterTest(name)
+		spec := TableSpec{Name: name, RoutingKey: RoutingKey{PayloadField: "event_type"}}
+		before := schemaOf(ctx, name)
+		_, err := Migrate(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(schemaOf(ctx, name)).To(HaveLen(len(before)+1), "only the claim index is added")
+
+		exec(ctx, "INSERT INTO "+name+` (payload) SELECT jsonb_build_object('event_type', 'invoice.paid', 'n', g) FROM generate_series(1, 50) g`)
+		topo := topology("invoice.paid", nil)
+		startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+
+		msgs, err := testenv.Consume(amqpChannel(), topo.Queue, 50, drainTimeout)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(msgs[0].RoutingKey).To(Equal("invoice.paid"))
+		Eventually(func() int { return count(ctx, name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		var got []string
+		for _, m := range msgs {
+			got = append(got, m.MessageId)
+		}
+		Expect(got).To(ConsistOf(ids(ctx, name, "true")))
+	})
+
+	It("drains an athena_outbox after migrate adds only its lease columns", func(ctx SpecContext) {
+		name := "public." + testenv.UniqueName("athena_outbox")
+		exec(ctx, `CREATE TABLE `+name+` (
+			event_id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL, aggregate_id text NOT NULL,
+			event_type text NOT NULL, payload jsonb NOT NULL, headers jsonb, created_at timestamptz NOT NULL DEFAULT now(),
+			available_at timestamptz NOT NULL DEFAULT now(), attempts int NOT NULL DEFAULT 0, last_error text, published_at timestamptz)`)
+		dropAfterTest(name)
+		spec := TableSpec{Name: name, Columns: Columns{ID: "event_id", EnqueuedAt: "created_at"}}
+		before := schemaOf(ctx, name)
+
+		done, err := Migrate(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done).To(ConsistOf("added column claimed_at", "added column claimed_by", "created index "+spec.indexName()))
+		after := schemaOf(ctx, name)
+		Expect(after).To(ContainElements(before), "nothing renamed or changed")
+		Expect(after).To(HaveLen(len(before) + 3))
+
+		exec(ctx, `INSERT INTO `+name+` (aggregate_type, aggregate_id, event_type, payload, headers)
+			SELECT 'order', g::text, 'order.shipped', jsonb_build_object('n', g), jsonb_build_object('aggregate', 'order')
+			FROM generate_series(1, 50) g`)
+		topo := topology("order.shipped", nil)
+		startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+
+		msgs, err := testenv.Consume(amqpChannel(), topo.Queue, 50, drainTimeout)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(msgs[0].Headers).To(HaveKeyWithValue("aggregate", "order"))
+		Eventually(func() int { return count(ctx, name, "published_at IS NULL") }, drainTimeout, 50*time.Millisecond).Should(BeZero())
+		var got []string
+		for _, m := range msgs {
+			got = append(got, m.MessageId)
+		}
+		var want []string
+		rows, err := pool.Query(ctx, "SELECT event_id::text FROM "+name)
+		Expect(err).NotTo(HaveOccurred())
+		want, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got).To(ConsistOf(want))
+	})
+})

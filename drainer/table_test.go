@@ -1,0 +1,95 @@
+package drainer
+
+import (
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+var _ = Describe("Resolving the table mapping", func() {
+	canonical := []CatalogColumn{
+		{Name: "id", Type: "uuid"}, {Name: "payload", Type: "jsonb"}, {Name: "event_type", Type: "text"},
+		{Name: "headers", Type: "jsonb"}, {Name: "enqueued_at", Type: "timestamp with time zone"},
+		{Name: "available_at", Type: "timestamp with time zone"}, {Name: "published_at", Type: "timestamp with time zone"},
+		{Name: "claimed_at", Type: "timestamp with time zone"}, {Name: "claimed_by", Type: "text"},
+		{Name: "attempts", Type: "integer"}, {Name: "last_error", Type: "text"},
+	}
+	without := func(names ...string) []CatalogColumn {
+		var out []CatalogColumn
+	next:
+		for _, c := range canonical {
+			for _, n := range names {
+				if c.Name == n {
+					continue next
+				}
+			}
+			out = append(out, c)
+		}
+		return out
+	}
+
+	It("quotes every identifier it renders", func() {
+		t, err := ResolveTable(TableSpec{Name: "app.Outbox"}, canonical)
+		Expect(err).NotTo(HaveOccurred())
+		stmt := t.Claim(ClaimParams{DrainerID: "d", BatchSize: 1, MaxAttempts: 1})
+		Expect(stmt.SQL).To(ContainSubstring(`"app"."Outbox"`))
+		Expect(stmt.SQL).To(ContainSubstring(`"claimed_by" = $1`))
+	})
+
+	It("leaves out optional columns the table does not have", func() {
+		t, err := ResolveTable(TableSpec{Name: "outbox"}, without("available_at", "headers", "last_error"))
+		Expect(err).NotTo(HaveOccurred())
+		claim := t.Claim(ClaimParams{DrainerID: "d", BatchSize: 1, MaxAttempts: 1}).SQL
+		Expect(claim).NotTo(ContainSubstring("available_at"))
+		Expect(claim).To(ContainSubstring("NULL::jsonb"))
+		fail := t.RecordFailures("d", nil, nil, Backoff{}).SQL
+		Expect(fail).NotTo(ContainSubstring("last_error"))
+		Expect(fail).NotTo(ContainSubstring("available_at"))
+	})
+
+	It("names a missing required column and says migrate can add a lease column", func() {
+		_, err := ResolveTable(TableSpec{Name: "outbox"}, without("claimed_at"))
+		Expect(err).To(MatchError(ContainSubstring(`database.columns.claimedAt: Not found: "claimed_at in public.outbox (spillway migrate adds it)"`)))
+	})
+
+	It("rejects an explicitly mapped optional column that does not exist", func() {
+		_, err := ResolveTable(TableSpec{Name: "outbox", Columns: Columns{Headers: "meta"}}, canonical)
+		Expect(err).To(MatchError(ContainSubstring("database.columns.headers: Not found")))
+	})
+
+	It("rejects an id type it cannot round-trip", func() {
+		cols := append(without("id"), CatalogColumn{Name: "id", Type: "numeric"})
+		_, err := ResolveTable(TableSpec{Name: "outbox"}, cols)
+		Expect(err).To(MatchError(ContainSubstring(`database.columns.id: Invalid value: "numeric"`)))
+	})
+
+	It("takes the routing key from a payload field only for a JSON payload", func() {
+		cols := append(without("payload", "event_type"), CatalogColumn{Name: "payload", Type: "bytea"})
+		_, err := ResolveTable(TableSpec{Name: "outbox", RoutingKey: RoutingKey{PayloadField: "type"}}, cols)
+		Expect(err).To(MatchError(ContainSubstring("database.routingKey.payloadField")))
+	})
+
+	It("says a table that does not exist does not exist", func() {
+		_, err := ResolveTable(TableSpec{Name: "outbox"}, nil)
+		Expect(err).To(MatchError(ContainSubstring("table public.outbox does not exist")))
+	})
+
+	It("orders claims by the claim index's key: attempts, then enqueue order", func() {
+		t, err := ResolveTable(TableSpec{Name: "outbox"}, canonical)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(t.Claim(ClaimParams{}).SQL).To(ContainSubstring(`ORDER BY "attempts", "enqueued_at"`))
+		Expect(t.ClaimIndex(TableSpec{Name: "outbox"}).SQL).To(ContainSubstring(`("attempts", "enqueued_at") WHERE "published_at" IS NULL`))
+	})
+
+	It("keeps the index name within Postgres's 63 bytes", func() {
+		spec := TableSpec{Name: "a_very_long_outbox_table_name_that_goes_on_and_on_for_ever_x"}
+		Expect(len(spec.indexName())).To(BeNumerically("<=", 63))
+	})
+
+	It("parses --columns pairs and names an unknown logical column", func() {
+		var c Columns
+		Expect(columnsFlag{&c}.Set("id=event_id, enqueuedAt=created_at")).To(Succeed())
+		Expect(c.ID).To(Equal("event_id"))
+		Expect(c.EnqueuedAt).To(Equal("created_at"))
+		Expect(columnsFlag{&c}.Set("key=x")).To(MatchError(ContainSubstring(`unknown column "key"`)))
+	})
+})

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Makes sure the local Postgres and RabbitMQ the tests use are up, starting
+# them when they are installed but stopped. Idempotent.
+set -euo pipefail
+
+wait_for() { # name, command...
+  local name=$1; shift
+  for _ in $(seq 1 60); do
+    if "$@" >/dev/null 2>&1; then return 0; fi
+    sleep 1
+  done
+  echo "services: $name did not come up" >&2
+  return 1
+}
+
+if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
+  if [ -d /etc/postgresql ]; then
+    echo "services: starting PostgreSQL"
+    pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql | head -n1)" main start
+  fi
+  wait_for PostgreSQL pg_isready -h 127.0.0.1 -p 5432 -q
+fi
+
+if ! rabbitmq-diagnostics -q check_port_connectivity >/dev/null 2>&1; then
+  if command -v rabbitmq-server >/dev/null; then
+    if ! rabbitmqctl -q status >/dev/null 2>&1; then
+      echo "services: starting RabbitMQ"
+      rabbitmq-server -detached
+    fi
+    wait_for "RabbitMQ node" rabbitmqctl -q await_startup
+    # A fault suite that stopped the app or set an alarm must not leak.
+    rabbitmqctl -q start_app >/dev/null 2>&1 || true
+  fi
+  wait_for "RabbitMQ port" rabbitmq-diagnostics -q check_port_connectivity
+fi
+echo "services: PostgreSQL and RabbitMQ are up"

@@ -1,0 +1,43 @@
+// Command spillway is the operator and the drainer of Spillway, one binary
+// with a subcommand per role.
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+
+	"github.com/spillway-io/spillway/drainer"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "dev"
+
+var commands = map[string]func(ctx context.Context, args []string) error{
+	"drain":   drainer.DrainCommand,
+	"migrate": drainer.MigrateCommand,
+	"version": func(context.Context, []string) error {
+		goVersion := "unknown"
+		if info, ok := debug.ReadBuildInfo(); ok {
+			goVersion = info.GoVersion
+		}
+		fmt.Printf("spillway %s (%s)\n", version, goVersion)
+		return nil
+	},
+}
+
+func main() {
+	if len(os.Args) < 2 || commands[os.Args[1]] == nil {
+		fmt.Fprintln(os.Stderr, "usage: spillway drain|migrate|version [flags]")
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	if err := commands[os.Args[1]](ctx, os.Args[2:]); err != nil {
+		fmt.Fprintf(os.Stderr, "spillway %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,35 @@
+// Package testenv connects tests to the real local Postgres and RabbitMQ and
+// gives each test its own table, exchange and queue, so packages can run in
+// parallel against the one server of each.
+package testenv
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+)
+
+// DatabaseURL is the test Postgres; override with SPILLWAY_TEST_DATABASE_URL.
+func DatabaseURL() string {
+	return env("SPILLWAY_TEST_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/test?sslmode=disable")
+}
+
+// BrokerURL is the test RabbitMQ; override with SPILLWAY_TEST_BROKER_URL.
+func BrokerURL() string {
+	return env("SPILLWAY_TEST_BROKER_URL", "amqp://guest:guest@127.0.0.1:5672/")
+}
+
+func env(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+// UniqueName returns prefix_ plus 8 random hex digits: a legal identifier
+// for a table, an exchange or a queue that no other test uses.
+func UniqueName(prefix string) string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return prefix + "_" + hex.EncodeToString(b)
+}
