@@ -13,7 +13,7 @@ var _ = Describe("Building a message from a row", func() {
 	key := "order.created"
 	row := func() Row {
 		return Row{ID: "42", Payload: []byte(`{"n":1}`), Size: 7, RoutingKey: &key,
-			Headers: []byte(`{"tenant":"acme","version":3,"ratio":0.5,"tags":["a"],"trace":{"id":"t1"}}`),
+			Headers:    []byte(`{"tenant":"acme","version":3,"ratio":0.5,"tags":["a"],"trace":{"id":"t1"}}`),
 			EnqueuedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	}
 
