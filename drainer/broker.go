@@ -27,7 +27,7 @@ type brokerChannel struct {
 
 // dialBroker connects, enables confirms, and checks (or declares) the
 // exchange before anything is claimed, so a missing exchange costs no claims.
-func dialBroker(ctx context.Context, cfg BrokerConfig, drainerID string, depth int) (*brokerChannel, error) {
+func dialBroker(cfg BrokerConfig, drainerID string, depth int) (*brokerChannel, error) {
 	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{
 		Properties: amqp.Table{"connection_name": "spillway-drainer/" + drainerID},
 		Dial:       amqp.DefaultDial(10 * time.Second),

@@ -76,12 +76,17 @@ func defaultDrainerID() string {
 	return host
 }
 
+func newFlagSet(cfg *Config) *flag.FlagSet {
+	fs := flag.NewFlagSet("drain", flag.ContinueOnError)
+	cfg.RegisterFlags(fs)
+	return fs
+}
+
 // DrainCommand is `spillway drain`.
 func DrainCommand(ctx context.Context, args []string) error {
 	cfg := DefaultConfig()
 	cfg.DrainerID = defaultDrainerID()
-	fs := flag.NewFlagSet("drain", flag.ContinueOnError)
-	cfg.RegisterFlags(fs)
+	fs := newFlagSet(&cfg)
 	metricsAddr := fs.String("metrics-addr", ":8080", "listen address of /metrics (empty: off)")
 	if err := fs.Parse(args); err != nil {
 		return err

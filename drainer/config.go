@@ -48,6 +48,10 @@ type Config struct {
 	// behind the drainer's WAL flushes; a claim or mark lost in a database
 	// crash only causes a duplicate, never a loss.
 	SynchronousCommit bool
+	// SerialBatches waits for a batch to settle before claiming the next. It
+	// exists to measure what overlapping claims with confirms buys; there is
+	// no flag for it.
+	SerialBatches bool
 }
 
 // DefaultConfig returns the defaults a user gets without flags.

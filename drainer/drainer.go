@@ -44,6 +44,8 @@ type outcome struct {
 type batch struct {
 	rows     []Row
 	outcomes []outcome
+	// settled is closed once phase 3 is done with the batch.
+	settled chan struct{}
 }
 
 // inflight is one row on its way from publish to settle. Rows travel in
@@ -115,40 +117,80 @@ func (d *Drainer) Run(ctx context.Context) error {
 	return nil
 }
 
+// claimed is the result of one claim.
+type claimed struct {
+	rows []Row
+	err  error
+}
+
+// claimLoop claims and publishes. While a full batch is being published, the
+// next one is already being claimed, so the pipeline does not run dry while
+// a claim is in flight.
 func (d *Drainer) claimLoop(ctx context.Context, pending chan<- inflight) {
 	retry := newRetryBackoff()
+	var next <-chan claimed
 	for ctx.Err() == nil {
-		broker, err := d.connectBroker(ctx)
-		if err != nil {
-			return
+		if next == nil {
+			if _, err := d.connectBroker(ctx); err != nil {
+				return
+			}
+			next = d.claim(ctx)
 		}
+		c := <-next
+		next = nil
+		if c.err != nil {
+			wait := retry.NextBackOff()
+			d.log.Error("Claim failed", "error", c.err, "retryIn", wait)
+			sleep(ctx, wait)
+			continue
+		}
+		retry.Reset()
+		full := len(c.rows) == d.cfg.BatchSize
+		if full && !d.cfg.SerialBatches && d.broker.healthy() {
+			next = d.claim(ctx)
+		}
+		if len(c.rows) > 0 {
+			// Should the broker have failed since the claim, publish
+			// releases the batch.
+			b := d.publish(ctx, d.broker, c.rows, pending)
+			if d.cfg.SerialBatches {
+				<-b.settled
+			}
+		}
+		if !full {
+			sleep(ctx, d.cfg.PollInterval)
+		}
+	}
+	if next != nil {
+		// Shutdown: publish releases a batch claimed ahead.
+		if c := <-next; len(c.rows) > 0 {
+			d.publish(ctx, d.broker, c.rows, pending)
+		}
+	}
+}
+
+// claim runs phase 1 in the background. The statement is not cancelled by
+// shutdown: a claim cut short could have committed, leaving rows held until
+// their lease expires instead of released at once.
+func (d *Drainer) claim(ctx context.Context) <-chan claimed {
+	out := make(chan claimed, 1)
+	go func() {
 		start := time.Now()
-		rows, err := d.store.Claim(ctx, ClaimParams{
+		rows, err := d.store.Claim(context.WithoutCancel(ctx), ClaimParams{
 			DrainerID:       d.cfg.DrainerID,
 			BatchSize:       d.cfg.BatchSize,
 			MaxAttempts:     d.cfg.MaxAttempts,
 			LeaseMillis:     d.cfg.LeaseTTL.Milliseconds(),
 			MaxPayloadBytes: d.cfg.MaxPayloadBytes,
 		})
-		if err != nil {
-			if ctx.Err() == nil {
-				wait := retry.NextBackOff()
-				d.log.Error("Claim failed", "error", err, "retryIn", wait)
-				sleep(ctx, wait)
-			}
-			continue
+		if err == nil {
+			d.metrics.ClaimDuration.Observe(time.Since(start).Seconds())
+			d.metrics.BatchSize.Observe(float64(len(rows)))
+			d.metrics.Claimed.Add(float64(len(rows)))
 		}
-		retry.Reset()
-		d.metrics.ClaimDuration.Observe(time.Since(start).Seconds())
-		d.metrics.BatchSize.Observe(float64(len(rows)))
-		d.metrics.Claimed.Add(float64(len(rows)))
-		if len(rows) > 0 {
-			d.publish(ctx, broker, rows, pending)
-		}
-		if len(rows) < d.cfg.BatchSize {
-			sleep(ctx, d.cfg.PollInterval)
-		}
-	}
+		out <- claimed{rows, err}
+	}()
+	return out
 }
 
 // connectBroker returns a healthy broker channel, reconnecting with
@@ -164,7 +206,7 @@ func (d *Drainer) connectBroker(ctx context.Context) (*brokerChannel, error) {
 		d.log.Warn("Broker channel closed; reconnecting")
 	}
 	b, err := backoff.Retry(ctx, func() (*brokerChannel, error) {
-		return dialBroker(ctx, d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth)
+		return dialBroker(d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth)
 	},
 		backoff.WithBackOff(newRetryBackoff()),
 		backoff.WithMaxElapsedTime(0),
@@ -181,8 +223,8 @@ func (d *Drainer) connectBroker(ctx context.Context) (*brokerChannel, error) {
 
 // publish is phase 2 for one batch. Every row goes to the confirm loop,
 // published or with its outcome already known.
-func (d *Drainer) publish(ctx context.Context, b *brokerChannel, rows []Row, pending chan<- inflight) {
-	bt := &batch{rows: rows, outcomes: make([]outcome, len(rows))}
+func (d *Drainer) publish(ctx context.Context, b *brokerChannel, rows []Row, pending chan<- inflight) *batch {
+	bt := &batch{rows: rows, outcomes: make([]outcome, len(rows)), settled: make(chan struct{})}
 	// Once the channel fails or shutdown starts, the rest of the batch is released.
 	var rest *outcome
 	for i, row := range rows {
@@ -217,6 +259,7 @@ func (d *Drainer) publish(ctx context.Context, b *brokerChannel, rows []Row, pen
 		}
 		pending <- p
 	}
+	return bt
 }
 
 func (d *Drainer) freeSlot() {
@@ -269,6 +312,7 @@ func (d *Drainer) awaitConfirm(p inflight) outcome {
 func (d *Drainer) settleLoop(ctx context.Context, settle <-chan *batch) {
 	for b := range settle {
 		d.settle(ctx, b)
+		close(b.settled)
 	}
 }
 

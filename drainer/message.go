@@ -10,16 +10,15 @@ import (
 
 // Failure reasons, used as metric labels. Each one counts an attempt.
 const (
-	reasonNack          = "nack"
-	reasonReturned      = "returned"
-	reasonOversized     = "oversized"
-	reasonBadHeaders    = "bad_headers"
-	reasonNoRoutingKey  = "no_routing_key"
-	maxLastErrorLength  = 1000
-	contentTypeJSON     = "application/json"
-	contentTypeBinary   = "application/octet-stream"
-	contentTypePlain    = "text/plain; charset=utf-8"
-	defaultExchangeType = "topic"
+	reasonNack         = "nack"
+	reasonReturned     = "returned"
+	reasonOversized    = "oversized"
+	reasonBadHeaders   = "bad_headers"
+	reasonNoRoutingKey = "no_routing_key"
+	maxLastErrorLength = 1000
+	contentTypeJSON    = "application/json"
+	contentTypeBinary  = "application/octet-stream"
+	contentTypePlain   = "text/plain; charset=utf-8"
 )
 
 // rowFault is why a row cannot be published. It is the row's own fault, so

@@ -1,0 +1,39 @@
+package drainer
+
+import (
+	"context"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+var _ = Describe("spillway drain flags", func() {
+	base := []string{"--database-url=postgres://x@127.0.0.1/db", "--broker-url=amqp://127.0.0.1/", "--drainer-id=d-1"}
+
+	It("rejects bad values before connecting to anything, naming the field, value and rule", func() {
+		err := DrainCommand(context.Background(), append(base, "--batch-size=0", "--pipeline-depth=10", "--lease-ttl=1s"))
+		Expect(err).To(MatchError(And(
+			ContainSubstring("batchSize: Invalid value: 0: must be greater than 0"),
+			ContainSubstring(`leaseTTL: Invalid value: "1s": must be at least 3 × pipelineDepth × 100ms = 3s for pipelineDepth 10`),
+		)))
+	})
+
+	It("rejects a table name containing SQL", func() {
+		err := DrainCommand(context.Background(), append(base, "--table=public.outbox;drop table users"))
+		Expect(err).To(MatchError(ContainSubstring(`database.table: Invalid value: "public.outbox;drop table users"`)))
+	})
+
+	It("binds every setting to the config with the documented defaults", func() {
+		cfg := DefaultConfig()
+		fs := newFlagSet(&cfg)
+		Expect(fs.Parse([]string{"--columns=id=event_id", "--routing-key-field=type", "--mandatory", "--max-attempts=3"})).To(Succeed())
+		Expect(cfg.Table.Columns.ID).To(Equal("event_id"))
+		Expect(cfg.Table.RoutingKey.PayloadField).To(Equal("type"))
+		Expect(cfg.Broker.Mandatory).To(BeTrue())
+		Expect(cfg.MaxAttempts).To(Equal(3))
+		Expect(cfg.BatchSize).To(Equal(100))
+		Expect(cfg.PipelineDepth).To(Equal(64))
+		Expect(cfg.LeaseTTL.String()).To(Equal("30s"))
+		Expect(cfg.SynchronousCommit).To(BeFalse())
+	})
+})

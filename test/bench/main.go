@@ -1,0 +1,411 @@
+// Command bench measures, in one run against the local Postgres and
+// RabbitMQ, the broker's publishing ceiling, the drainer's throughput against
+// it, and the claim statement's latency as the pending set grows. It prints
+// the figures and their ratios; it asserts nothing.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"os"
+	"runtime/pprof"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+var (
+	events       = flag.Int("events", 100_000, "events per throughput run")
+	payloadBytes = flag.Int("payload-bytes", 200, "payload size")
+	batchSize    = flag.Int("batch-size", drainer.DefaultConfig().BatchSize, "drainer batch size")
+	depth        = flag.Int("pipeline-depth", drainer.DefaultConfig().PipelineDepth, "confirms in flight, for the ceiling and the drainer")
+	bigPending   = flag.Int("claim-rows", 1_000_000, "pending rows of the large claim-latency run")
+	claims       = flag.Int("claims", 200, "claims timed per claim-latency run")
+	rounds       = flag.Int("rounds", 3, "interleaved rounds of the ceiling and drainer runs")
+	cpuProfile   = flag.String("cpuprofile", "", "write a CPU profile of the first 1-process drainer run to this file")
+)
+
+type bench struct {
+	pool *pgxpool.Pool
+	conn *amqp.Connection
+	ch   *amqp.Channel
+	topo testenv.Topology
+}
+
+func main() {
+	flag.Parse()
+	log.SetFlags(log.Ltime | log.Lmicroseconds)
+	log.SetPrefix("bench: ")
+	ctx := context.Background()
+	b := &bench{}
+	var err error
+	if b.pool, err = pgxpool.New(ctx, testenv.DatabaseURL()); err != nil {
+		log.Fatal(err)
+	}
+	defer b.pool.Close()
+	if b.conn, err = amqp.Dial(testenv.BrokerURL()); err != nil {
+		log.Fatal(err)
+	}
+	defer b.conn.Close()
+	if b.ch, err = b.conn.Channel(); err != nil {
+		log.Fatal(err)
+	}
+	if b.topo, err = testenv.DeclareTopology(b.ch, "#", nil); err != nil {
+		log.Fatal(err)
+	}
+	defer b.topo.Delete(b.ch)
+
+	fmt.Printf("Spillway benchmark: %d events of %d bytes, persistent, to a durable bound queue; batch %d, pipeline depth %d\n\n",
+		*events, *payloadBytes, *batchSize, *depth)
+
+	spec := b.outbox(ctx)
+	defer b.exec(ctx, "DROP TABLE "+spec.Name)
+	// scenario accumulates one scenario's rates and CPU over its runs.
+	type scenario struct {
+		rates []float64
+		cpu   cpuUse
+	}
+	measure := func(s *scenario, f func() (float64, cpuUse)) {
+		rate, use := f()
+		s.rates, s.cpu = append(s.rates, rate), s.cpu.add(use)
+	}
+	drain := func(s *scenario, drainers int, tweak func(*drainer.Config)) {
+		b.seed(ctx, spec, *events, 0)
+		measure(s, func() (float64, cpuUse) { return b.drain(ctx, spec, drainers, tweak) })
+	}
+	// The broker, Postgres and the drainers share two cores here, and each
+	// run leaves background work (autovacuum, queue index clean-up) behind:
+	// rounds interleave the scenarios and their medians are compared.
+	var ceiling, one, two, serial, synchronous scenario
+	for round := range *rounds {
+		log.Printf("round %d of %d: ceiling, 1 drainer, 2 drainers", round+1, *rounds)
+		measure(&ceiling, func() (float64, cpuUse) { return b.ceiling(ctx) })
+		if round == 0 {
+			profileStart()
+		}
+		drain(&one, 1, nil)
+		profileStop()
+		drain(&two, 2, nil)
+	}
+	drain(&serial, 1, func(c *drainer.Config) { c.SerialBatches = true })
+	drain(&synchronous, 1, func(c *drainer.Config) { c.SynchronousCommit = true })
+
+	c, o, t := median(ceiling.rates), median(one.rates), median(two.rates)
+	var beside scenario
+	measure(&beside, func() (float64, cpuUse) { return b.ceilingBesideDatabase(ctx, spec, o) })
+	report("broker ceiling (raw publish, pipelined confirms)", ceiling.rates, "", ceiling.cpu)
+	report("drainer, 1 process", one.rates, fmt.Sprintf("%.2f of ceiling", o/c), one.cpu)
+	report("drainer, 2 processes", two.rates, fmt.Sprintf("%.2f of 1 process", t/o), two.cpu)
+	report("broker ceiling beside the drainer's SQL only", beside.rates, fmt.Sprintf("%.2f of ceiling", median(beside.rates)/c), beside.cpu)
+	report("drainer, 1 process, claims not overlapped", serial.rates, fmt.Sprintf("overlap gains %.2fx", o/median(serial.rates)), serial.cpu)
+	report("drainer, 1 process, synchronous_commit on", synchronous.rates, fmt.Sprintf("async commit gains %.2fx", o/median(synchronous.rates)), synchronous.cpu)
+
+	log.Printf("claim latency: seeding 10k, then %d rows twice", *bigPending)
+	fmt.Println()
+	small := b.claimLatency(ctx, 10_000, 0)
+	large := b.claimLatency(ctx, *bigPending, 0)
+	aged := b.claimLatency(ctx, *bigPending, *bigPending/10)
+	fmt.Printf("%-70s p50 %6.2f ms  p95 %6.2f ms\n", fmt.Sprintf("claim latency, %d pending", 10_000), ms(small[0]), ms(small[1]))
+	fmt.Printf("%-70s p50 %6.2f ms  p95 %6.2f ms  %.2fx of 10k\n", fmt.Sprintf("claim latency, %d pending", *bigPending), ms(large[0]), ms(large[1]), ms(large[0])/ms(small[0]))
+	fmt.Printf("%-70s p50 %6.2f ms  p95 %6.2f ms  %.2fx of 10k\n", fmt.Sprintf("claim latency, %d pending behind %d poisoned + %d in backoff", *bigPending, *bigPending/10, *bigPending/10),
+		ms(aged[0]), ms(aged[1]), ms(aged[0])/ms(small[0]))
+
+	fmt.Println()
+	verdict := func(ok bool) string {
+		if ok {
+			return "met"
+		}
+		return "NOT MET"
+	}
+	fmt.Printf("target drainer ÷ ceiling ≥ 0.85:        %.2f  %s\n", o/c, verdict(o/c >= 0.85))
+	fmt.Printf("target 2 processes not slower than 1:   %.2f  %s\n", t/o, verdict(t >= o))
+	fmt.Printf("target claim at 1M within 1.5× of 10k:  %.2f  %s\n", ms(large[0])/ms(small[0]), verdict(ms(large[0]) <= 1.5*ms(small[0])))
+}
+
+// profileStart starts the CPU profiler when -cpuprofile is set.
+func profileStart() {
+	if *cpuProfile == "" {
+		return
+	}
+	out, err := os.Create(*cpuProfile)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// profileStop stops the profiler, if it runs.
+func profileStop() { pprof.StopCPUProfile() }
+
+// report prints a scenario's median and, with several rounds, every round.
+func report(what string, perSecond []float64, ratio string, use cpuUse) {
+	rounds := ""
+	if len(perSecond) > 1 {
+		var each []string
+		for _, v := range perSecond {
+			each = append(each, fmt.Sprintf("%.0f", v))
+		}
+		rounds = "rounds " + strings.Join(each, ", ")
+	}
+	fmt.Printf("%-46s %6.0f events/s  %-22s %-44s %s\n", what, median(perSecond), ratio, use, rounds)
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+func (b *bench) payload() []byte {
+	body := `{"n":0,"pad":"` + strings.Repeat("x", max(*payloadBytes-15, 0)) + `"}`
+	return []byte(body)
+}
+
+// ceiling publishes like the drainer does, minus the database: a window of
+// deferred confirms, waiting for the oldest when it is full.
+func (b *bench) ceiling(ctx context.Context) (float64, cpuUse) {
+	log.Printf("publishing the ceiling")
+	defer log.Printf("published")
+	ch, err := b.conn.Channel()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.Confirm(false); err != nil {
+		log.Fatal(err)
+	}
+	body := b.payload()
+	window := make([]*amqp.DeferredConfirmation, 0, *depth)
+	watch := startWatch()
+	for i := range *events {
+		if len(window) == *depth {
+			if !window[0].Wait() {
+				log.Fatal("ceiling: broker nacked")
+			}
+			window = window[1:]
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, b.topo.Exchange, "bench.event", false, false, amqp.Publishing{
+			DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint(i), ContentType: "application/json", Timestamp: time.Now(), Body: body,
+		})
+		if err != nil {
+			log.Fatal(err)
+		}
+		window = append(window, dc)
+	}
+	for _, dc := range window {
+		dc.Wait()
+	}
+	use := watch.stop()
+	b.purge()
+	return float64(*events) / use.wall.Seconds(), use
+}
+
+// ceilingBesideDatabase publishes as ceiling does while the drainer's SQL
+// (claim, then mark published, in batches at the drainer's measured rate)
+// runs beside it with nothing published: what the broker loses to the
+// database sharing its machine, with no drainer logic involved.
+func (b *bench) ceilingBesideDatabase(ctx context.Context, spec drainer.TableSpec, rate float64) (float64, cpuUse) {
+	b.seed(ctx, spec, *events, 0)
+	cfg := drainer.DefaultConfig()
+	pool, err := drainer.ConnectPool(ctx, testenv.DatabaseURL(), "bench-sql", cfg.SynchronousCommit)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := drainer.OpenStore(ctx, pool, spec)
+	if err != nil {
+		log.Fatal(err)
+	}
+	params := drainer.ClaimParams{DrainerID: "bench-sql", BatchSize: *batchSize, MaxAttempts: cfg.MaxAttempts,
+		LeaseMillis: cfg.LeaseTTL.Milliseconds(), MaxPayloadBytes: cfg.MaxPayloadBytes}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(time.Duration(float64(time.Second) * float64(*batchSize) / rate))
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			rows, err := store.Claim(ctx, params)
+			if err != nil {
+				log.Fatal(err)
+			}
+			var st drainer.Settlement
+			for _, r := range rows {
+				st.Published = append(st.Published, r.ID)
+			}
+			if _, err := store.Settle(ctx, params.DrainerID, st, drainer.Backoff{}); err != nil {
+				log.Fatal(err)
+			}
+		}
+	})
+	defer wg.Wait()
+	defer close(stop)
+	return b.ceiling(ctx)
+}
+
+func (b *bench) purge() {
+	if _, err := b.ch.QueuePurge(b.topo.Queue, false); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func (b *bench) exec(ctx context.Context, sql string, args ...any) {
+	if _, err := b.pool.Exec(ctx, sql, args...); err != nil {
+		log.Fatalf("%s: %v", sql, err)
+	}
+}
+
+func (b *bench) outbox(ctx context.Context) drainer.TableSpec {
+	spec := drainer.TableSpec{Name: "public." + testenv.UniqueName("bench_outbox")}
+	if _, err := drainer.Migrate(ctx, b.pool, spec); err != nil {
+		log.Fatal(err)
+	}
+	return spec
+}
+
+// seed empties the outbox and fills it with pending rows of the configured
+// payload size, plus `stale` poisoned and `stale` backing-off rows enqueued
+// before them, as an ageing table would hold.
+func (b *bench) seed(ctx context.Context, spec drainer.TableSpec, pending, stale int) {
+	b.exec(ctx, "TRUNCATE "+spec.Name)
+	pad := strings.Repeat("x", max(*payloadBytes-25, 0))
+	if stale > 0 {
+		b.exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, enqueued_at, attempts, available_at)
+			SELECT 'bench.event', jsonb_build_object('n', g, 'pad', $2::text), now() - interval '1 day',
+			       CASE WHEN g % 2 = 0 THEN 10 ELSE 3 END, now() + interval '1 hour'
+			FROM generate_series(1, $1) g`, 2*stale, pad)
+	}
+	b.exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload)
+		SELECT 'bench.event', jsonb_build_object('n', g, 'pad', $2::text) FROM generate_series(1, $1) g`, pending, pad)
+	b.exec(ctx, "VACUUM ANALYZE "+spec.Name)
+}
+
+// drain runs n drainer processes' worth of drainers, each with its own pool,
+// until every row is published, and returns events per second.
+func (b *bench) drain(ctx context.Context, spec drainer.TableSpec, n int, tweak func(*drainer.Config)) (float64, cpuUse) {
+	log.Printf("draining with %d drainer(s)", n)
+	defer log.Printf("drained")
+	runCtx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	var metrics []*drainer.Metrics
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var ready []*drainer.Drainer
+	for i := range n {
+		cfg := drainer.DefaultConfig()
+		cfg.DrainerID = fmt.Sprintf("bench-%d", i)
+		cfg.DatabaseURL, cfg.Broker.URL, cfg.Broker.Exchange = testenv.DatabaseURL(), testenv.BrokerURL(), b.topo.Exchange
+		cfg.Table, cfg.BatchSize, cfg.PipelineDepth = spec, *batchSize, *depth
+		cfg.LeaseTTL = max(cfg.LeaseTTL, drainer.MinLeaseTTL(*depth))
+		if tweak != nil {
+			tweak(&cfg)
+		}
+		pool, err := drainer.ConnectPool(ctx, cfg.DatabaseURL, cfg.DrainerID, cfg.SynchronousCommit)
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer pool.Close()
+		store, err := drainer.OpenStore(ctx, pool, spec)
+		if err != nil {
+			log.Fatal(err)
+		}
+		m := drainer.NewMetrics(prometheus.NewRegistry())
+		d, err := drainer.New(cfg, store, m, quiet)
+		if err != nil {
+			log.Fatal(err)
+		}
+		metrics, ready = append(metrics, m), append(ready, d)
+	}
+	watch := startWatch()
+	for _, d := range ready {
+		wg.Go(func() {
+			if err := d.Run(runCtx); err != nil {
+				log.Fatal(err)
+			}
+		})
+	}
+	for {
+		var published float64
+		for _, m := range metrics {
+			published += testutil.ToFloat64(m.Published)
+		}
+		if int(published) >= *events {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	use := watch.stop()
+	stop()
+	wg.Wait()
+	b.purge()
+	return float64(*events) / use.wall.Seconds(), use
+}
+
+// claimLatency times the claim statement over `pending` rows (with `stale`
+// poisoned and as many backing-off rows in front), releasing each claim so
+// every measurement sees the same table. It returns p50 and p95.
+func (b *bench) claimLatency(ctx context.Context, pending, stale int) [2]time.Duration {
+	spec := b.outbox(ctx)
+	defer b.exec(ctx, "DROP TABLE "+spec.Name)
+	b.seed(ctx, spec, pending, stale)
+	cfg := drainer.DefaultConfig()
+	// The drainer's own session settings: asynchronous commit, as in production.
+	pool, err := drainer.ConnectPool(ctx, testenv.DatabaseURL(), "bench", cfg.SynchronousCommit)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	store, err := drainer.OpenStore(ctx, pool, spec)
+	if err != nil {
+		log.Fatal(err)
+	}
+	params := drainer.ClaimParams{DrainerID: "bench", BatchSize: *batchSize, MaxAttempts: cfg.MaxAttempts,
+		LeaseMillis: cfg.LeaseTTL.Milliseconds(), MaxPayloadBytes: cfg.MaxPayloadBytes}
+	var took []time.Duration
+	for i := range *claims + 10 { // the first 10 warm the plan cache and are not counted
+		start := time.Now()
+		rows, err := store.Claim(ctx, params)
+		if i >= 10 {
+			took = append(took, time.Since(start))
+		}
+		if err != nil || len(rows) != *batchSize {
+			log.Fatalf("claim: %d rows, %v", len(rows), err)
+		}
+		var st drainer.Settlement
+		for _, r := range rows {
+			st.Released = append(st.Released, r.ID)
+		}
+		if _, err := store.Settle(ctx, "bench", st, drainer.Backoff{}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	slices.Sort(took)
+	return [2]time.Duration{took[len(took)/2], took[len(took)*95/100]}
+}
+
+func init() {
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: go run ./test/bench [flags]")
+		flag.PrintDefaults()
+	}
+}
