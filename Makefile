@@ -6,7 +6,7 @@ VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo 
 LDFLAGS     := -s -w -X main.version=$(VERSION)
 # Each package's suite uses its own tables and exchanges, so packages run in
 # parallel against the one Postgres and the one RabbitMQ.
-TEST_FLAGS  ?= -count=1 -timeout 20m
+TEST_FLAGS  ?= -v -count=1 -timeout 20m
 
 .DEFAULT_GOAL := help
 
