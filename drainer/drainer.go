@@ -93,8 +93,9 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 }
 
 // Run drains until ctx ends, then lets in-flight confirms resolve, settles
-// them and returns. Claims of the next batch overlap the current batch's
-// confirms: the claim loop only waits for a free pipeline slot.
+// them, releases what was not published, and returns. Claiming, confirming
+// and settling run side by side, so each phase's round trips overlap the
+// others'.
 func (d *Drainer) Run(ctx context.Context) error {
 	n, err := d.store.ReleaseAll(ctx, d.cfg.DrainerID)
 	if err != nil {
@@ -169,14 +170,17 @@ func (d *Drainer) claimLoop(ctx context.Context, pending chan<- inflight) {
 	}
 }
 
-// claim runs phase 1 in the background. The statement is not cancelled by
-// shutdown: a claim cut short could have committed, leaving rows held until
-// their lease expires instead of released at once.
+// claim runs phase 1 in the background. Shutdown does not cancel the
+// statement: a claim cut short could have committed, leaving rows held until
+// their lease expires instead of released at once. A claim that outlives the
+// lease is pointless anyway, which bounds it.
 func (d *Drainer) claim(ctx context.Context) <-chan claimed {
 	out := make(chan claimed, 1)
 	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseTTL)
+		defer cancel()
 		start := time.Now()
-		rows, err := d.store.Claim(context.WithoutCancel(ctx), ClaimParams{
+		rows, err := d.store.Claim(ctx, ClaimParams{
 			DrainerID:       d.cfg.DrainerID,
 			BatchSize:       d.cfg.BatchSize,
 			MaxAttempts:     d.cfg.MaxAttempts,

@@ -17,19 +17,19 @@ var identifierPattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,62}$`)
 const identifierRule = "must be a plain SQL identifier: a letter or underscore, then letters, digits or underscores, at most 63 characters"
 
 // Columns maps the outbox's logical columns to the table's physical names.
-// An empty name means the canonical one (the field's tag); optional columns
-// that the table does not have are left out when the table is resolved.
+// An empty name means the canonical one; optional columns that the table
+// does not have are left out when the table is resolved.
 type Columns struct {
-	ID          string `column:"id"`
-	Payload     string `column:"payload"`
-	Headers     string `column:"headers"`
-	EnqueuedAt  string `column:"enqueued_at"`
-	AvailableAt string `column:"available_at"`
-	PublishedAt string `column:"published_at"`
-	ClaimedAt   string `column:"claimed_at"`
-	ClaimedBy   string `column:"claimed_by"`
-	Attempts    string `column:"attempts"`
-	LastError   string `column:"last_error"`
+	ID          string
+	Payload     string
+	Headers     string
+	EnqueuedAt  string
+	AvailableAt string
+	PublishedAt string
+	ClaimedAt   string
+	ClaimedBy   string
+	Attempts    string
+	LastError   string
 }
 
 // RoutingKey says where a row's routing key comes from. At most one field is
@@ -53,11 +53,9 @@ type logicalColumn struct {
 	flag      string // the name used in --columns and in the CRD
 	canonical string
 	required  bool
-	// sqlType is what migrate creates; empty for columns it never adds.
-	sqlType   string
-	migrate   bool // migrate adds it to an existing table
+	sqlType   string // as migrate creates it
+	migrate   bool   // migrate adds it to an existing table
 	field     func(*Columns) *string
-	typeCheck func(string) bool
 }
 
 var contract = []logicalColumn{

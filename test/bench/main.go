@@ -217,24 +217,31 @@ func (b *bench) ceiling(ctx context.Context) (float64, cpuUse) {
 	return float64(*events) / use.wall.Seconds(), use
 }
 
+// storeWithoutBroker opens the drainer's store with the drainer's own
+// session settings (asynchronous commit, as in production) and the default
+// claim parameters, for running the drainer's SQL on its own.
+func storeWithoutBroker(ctx context.Context, spec drainer.TableSpec, id string) (*drainer.Store, drainer.ClaimParams, func()) {
+	cfg := drainer.DefaultConfig()
+	pool, err := drainer.ConnectPool(ctx, testenv.DatabaseURL(), id, cfg.SynchronousCommit)
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := drainer.OpenStore(ctx, pool, spec)
+	if err != nil {
+		log.Fatal(err)
+	}
+	return store, drainer.ClaimParams{DrainerID: id, BatchSize: *batchSize, MaxAttempts: cfg.MaxAttempts,
+		LeaseMillis: cfg.LeaseTTL.Milliseconds(), MaxPayloadBytes: cfg.MaxPayloadBytes}, pool.Close
+}
+
 // ceilingBesideDatabase publishes as ceiling does while the drainer's SQL
 // (claim, then mark published, in batches at the drainer's measured rate)
 // runs beside it with nothing published: what the broker loses to the
 // database sharing its machine, with no drainer logic involved.
 func (b *bench) ceilingBesideDatabase(ctx context.Context, spec drainer.TableSpec, rate float64) (float64, cpuUse) {
 	b.seed(ctx, spec, *events, 0)
-	cfg := drainer.DefaultConfig()
-	pool, err := drainer.ConnectPool(ctx, testenv.DatabaseURL(), "bench-sql", cfg.SynchronousCommit)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	store, err := drainer.OpenStore(ctx, pool, spec)
-	if err != nil {
-		log.Fatal(err)
-	}
-	params := drainer.ClaimParams{DrainerID: "bench-sql", BatchSize: *batchSize, MaxAttempts: cfg.MaxAttempts,
-		LeaseMillis: cfg.LeaseTTL.Milliseconds(), MaxPayloadBytes: cfg.MaxPayloadBytes}
+	store, params, closeStore := storeWithoutBroker(ctx, spec, "bench-sql")
+	defer closeStore()
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -368,19 +375,8 @@ func (b *bench) claimLatency(ctx context.Context, pending, stale int) [2]time.Du
 	spec := b.outbox(ctx)
 	defer b.exec(ctx, "DROP TABLE "+spec.Name)
 	b.seed(ctx, spec, pending, stale)
-	cfg := drainer.DefaultConfig()
-	// The drainer's own session settings: asynchronous commit, as in production.
-	pool, err := drainer.ConnectPool(ctx, testenv.DatabaseURL(), "bench", cfg.SynchronousCommit)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer pool.Close()
-	store, err := drainer.OpenStore(ctx, pool, spec)
-	if err != nil {
-		log.Fatal(err)
-	}
-	params := drainer.ClaimParams{DrainerID: "bench", BatchSize: *batchSize, MaxAttempts: cfg.MaxAttempts,
-		LeaseMillis: cfg.LeaseTTL.Milliseconds(), MaxPayloadBytes: cfg.MaxPayloadBytes}
+	store, params, closeStore := storeWithoutBroker(ctx, spec, "bench")
+	defer closeStore()
 	var took []time.Duration
 	for i := range *claims + 10 { // the first 10 warm the plan cache and are not counted
 		start := time.Now()
