@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
-	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // outcomeKind is what phase 3 does with a row.
@@ -48,18 +47,6 @@ type batch struct {
 	settled chan struct{}
 }
 
-// inflight is one row on its way from publish to settle. Rows travel in
-// publish order, so a batch is complete when its last row has an outcome.
-type inflight struct {
-	batch   *batch
-	index   int
-	outcome outcome
-	// confirm is nil when the outcome was known without publishing.
-	confirm     *amqp.DeferredConfirmation
-	broker      *brokerChannel
-	publishedAt time.Time
-}
-
 // Drainer runs the three-phase loop for one drainer ID.
 type Drainer struct {
 	cfg         Config
@@ -67,9 +54,7 @@ type Drainer struct {
 	metrics     *Metrics
 	log         *slog.Logger
 	contentType string
-	// slots caps the confirms in flight at the pipeline depth.
-	slots chan struct{}
-	// broker is owned by the claim loop; the confirm loop may close it.
+	// broker is owned by the goroutine running the claim loop.
 	broker *brokerChannel
 }
 
@@ -88,14 +73,12 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		metrics:     metrics,
 		log:         log.With("drainer", cfg.DrainerID, "table", store.Table().Name()),
 		contentType: contentType,
-		slots:       make(chan struct{}, cfg.PipelineDepth),
 	}, nil
 }
 
 // Run drains until ctx ends, then lets in-flight confirms resolve, settles
-// them, releases what was not published, and returns. Claiming, confirming
-// and settling run side by side, so each phase's round trips overlap the
-// others'.
+// them, releases what was not published, and returns. The next claim and the
+// settles run beside the publishing, so their round trips overlap it.
 func (d *Drainer) Run(ctx context.Context) error {
 	n, err := d.store.ReleaseAll(ctx, d.cfg.DrainerID)
 	if err != nil {
@@ -104,13 +87,13 @@ func (d *Drainer) Run(ctx context.Context) error {
 	if n > 0 {
 		d.log.Info("Released claims left by a previous process under this drainer ID", "rows", n)
 	}
-	pending := make(chan inflight, d.cfg.PipelineDepth)
 	settle := make(chan *batch, 4)
 	var wg sync.WaitGroup
-	wg.Go(func() { d.confirmLoop(pending, settle) })
 	wg.Go(func() { d.settleLoop(context.WithoutCancel(ctx), settle) })
-	d.claimLoop(ctx, pending)
-	close(pending)
+	p := &pipeline{d: d, settle: settle}
+	d.claimLoop(ctx, p)
+	p.drain()
+	close(settle)
 	wg.Wait()
 	if d.broker != nil {
 		d.broker.close()
@@ -118,31 +101,29 @@ func (d *Drainer) Run(ctx context.Context) error {
 	return nil
 }
 
-// claimed is the result of one claim.
-type claimed struct {
-	rows []Row
-	err  error
-}
-
 // claimLoop claims and publishes. While a full batch is being published, the
 // next one is already being claimed, so the pipeline does not run dry while
-// a claim is in flight.
-func (d *Drainer) claimLoop(ctx context.Context, pending chan<- inflight) {
+// a claim is in flight; and confirms are resolved while it waits for either.
+func (d *Drainer) claimLoop(ctx context.Context, p *pipeline) {
 	retry := newRetryBackoff()
-	var next <-chan claimed
+	var next *pendingClaim
 	for ctx.Err() == nil {
 		if next == nil {
+			if d.broker != nil && !d.broker.healthy() {
+				p.drain() // confirms of a closed channel resolve at once
+			}
 			if _, err := d.connectBroker(ctx); err != nil {
 				return
 			}
 			next = d.claim(ctx)
 		}
-		c := <-next
+		p.waitFor(next.done)
+		c := next
 		next = nil
 		if c.err != nil {
 			wait := retry.NextBackOff()
 			d.log.Error("Claim failed", "error", c.err, "retryIn", wait)
-			sleep(ctx, wait)
+			p.sleep(ctx, wait)
 			continue
 		}
 		retry.Reset()
@@ -153,48 +134,56 @@ func (d *Drainer) claimLoop(ctx context.Context, pending chan<- inflight) {
 		if len(c.rows) > 0 {
 			// Should the broker have failed since the claim, publish
 			// releases the batch.
-			b := d.publish(ctx, d.broker, c.rows, pending)
+			b := d.publish(ctx, p, c.rows)
 			if d.cfg.SerialBatches {
+				p.drain()
 				<-b.settled
 			}
 		}
 		if !full {
-			sleep(ctx, d.cfg.PollInterval)
+			p.sleep(ctx, d.cfg.PollInterval)
 		}
 	}
 	if next != nil {
 		// Shutdown: publish releases a batch claimed ahead.
-		if c := <-next; len(c.rows) > 0 {
-			d.publish(ctx, d.broker, c.rows, pending)
+		if <-next.done; len(next.rows) > 0 {
+			d.publish(ctx, p, next.rows)
 		}
 	}
+}
+
+// pendingClaim is one claim under way; rows and err are set when done closes.
+type pendingClaim struct {
+	done chan struct{}
+	rows []Row
+	err  error
 }
 
 // claim runs phase 1 in the background. Shutdown does not cancel the
 // statement: a claim cut short could have committed, leaving rows held until
 // their lease expires instead of released at once. A claim that outlives the
 // lease is pointless anyway, which bounds it.
-func (d *Drainer) claim(ctx context.Context) <-chan claimed {
-	out := make(chan claimed, 1)
+func (d *Drainer) claim(ctx context.Context) *pendingClaim {
+	c := &pendingClaim{done: make(chan struct{})}
 	go func() {
+		defer close(c.done)
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseTTL)
 		defer cancel()
 		start := time.Now()
-		rows, err := d.store.Claim(ctx, ClaimParams{
+		c.rows, c.err = d.store.Claim(ctx, ClaimParams{
 			DrainerID:       d.cfg.DrainerID,
 			BatchSize:       d.cfg.BatchSize,
 			MaxAttempts:     d.cfg.MaxAttempts,
 			LeaseMillis:     d.cfg.LeaseTTL.Milliseconds(),
 			MaxPayloadBytes: d.cfg.MaxPayloadBytes,
 		})
-		if err == nil {
+		if c.err == nil {
 			d.metrics.ClaimDuration.Observe(time.Since(start).Seconds())
-			d.metrics.BatchSize.Observe(float64(len(rows)))
-			d.metrics.Claimed.Add(float64(len(rows)))
+			d.metrics.BatchSize.Observe(float64(len(c.rows)))
+			d.metrics.Claimed.Add(float64(len(c.rows)))
 		}
-		out <- claimed{rows, err}
 	}()
-	return out
+	return c
 }
 
 // connectBroker returns a healthy broker channel, reconnecting with
@@ -225,88 +214,66 @@ func (d *Drainer) connectBroker(ctx context.Context) (*brokerChannel, error) {
 	return b, nil
 }
 
-// publish is phase 2 for one batch. Every row goes to the confirm loop,
+// publish is phase 2 for one batch. Every row enters the pipeline,
 // published or with its outcome already known.
-func (d *Drainer) publish(ctx context.Context, b *brokerChannel, rows []Row, pending chan<- inflight) *batch {
+func (d *Drainer) publish(ctx context.Context, p *pipeline, rows []Row) *batch {
 	bt := &batch{rows: rows, outcomes: make([]outcome, len(rows)), settled: make(chan struct{})}
 	// Once the channel fails or shutdown starts, the rest of the batch is released.
 	var rest *outcome
 	for i, row := range rows {
-		p := inflight{batch: bt, index: i}
+		e := inflight{batch: bt, index: i}
 		if rest == nil && ctx.Err() != nil {
 			rest = &outcome{kind: released, reason: releaseShutdown}
 		}
 		if rest != nil {
-			p.outcome = *rest
-			pending <- p
+			e.outcome = *rest
+			p.add(e)
 			continue
 		}
 		key, msg, fault := buildMessage(row, d.contentType, d.cfg.MaxPayloadBytes)
 		if fault != nil {
-			p.outcome = outcome{kind: failed, reason: fault.reason, detail: fault.detail}
-			pending <- p
+			e.outcome = outcome{kind: failed, reason: fault.reason, detail: fault.detail}
+			p.add(e)
 			continue
 		}
-		d.slots <- struct{}{}
-		d.metrics.InFlight.Inc()
-		p.publishedAt = time.Now()
+		p.makeRoom(d.cfg.PipelineDepth)
+		e.publishedAt = time.Now()
 		// The publish itself must not be cut by shutdown: a half-written
 		// frame would close the channel under the in-flight confirms.
-		dc, err := b.publish(context.WithoutCancel(ctx), key, msg)
+		dc, err := d.broker.publish(context.WithoutCancel(ctx), key, msg)
 		if err != nil {
-			d.freeSlot()
 			d.log.Error("Publish failed; releasing the rest of the batch", "error", err)
 			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
-			p.outcome = *rest
+			e.outcome = *rest
 		} else {
-			p.confirm, p.broker = dc, b
+			e.confirm, e.broker = dc, d.broker
 		}
-		pending <- p
+		p.add(e)
 	}
 	return bt
 }
 
-func (d *Drainer) freeSlot() {
-	<-d.slots
-	d.metrics.InFlight.Dec()
-}
-
-// confirmLoop resolves confirms in publish order and hands each completed
-// batch to the settle loop.
-func (d *Drainer) confirmLoop(pending <-chan inflight, settle chan<- *batch) {
-	defer close(settle)
-	for p := range pending {
-		if p.confirm != nil {
-			p.outcome = d.awaitConfirm(p)
-			d.freeSlot()
-		}
-		p.batch.outcomes[p.index] = p.outcome
-		if p.index == len(p.batch.rows)-1 {
-			settle <- p.batch
-		}
-	}
-}
-
-// awaitConfirm classifies one publish by its confirm.
-func (d *Drainer) awaitConfirm(p inflight) outcome {
-	ctx, cancel := context.WithDeadline(context.Background(), p.publishedAt.Add(d.cfg.confirmTimeout()))
-	defer cancel()
-	acked, err := p.confirm.WaitContext(ctx)
-	switch {
-	case err != nil:
+// classify turns a publish whose confirm arrived, or whose deadline passed,
+// into its outcome.
+func (d *Drainer) classify(e inflight) outcome {
+	select {
+	case <-e.confirm.Done():
+	default:
 		// A channel that stalls past the deadline is not trusted again; the
 		// claim loop reconnects.
-		p.broker.close()
+		e.broker.close()
 		return outcome{kind: released, reason: releaseConfirmTimeout}
-	case !acked && p.broker.ch.IsClosed():
-		// amqp091 resolves pending confirms as nacks when the channel
-		// closes: that is a lost confirm, not the broker's refusal.
-		return outcome{kind: released, reason: releaseConfirmLost}
-	case !acked:
+	}
+	if !e.confirm.Acked() {
+		if e.broker.ch.IsClosed() {
+			// amqp091 resolves pending confirms as nacks when the channel
+			// closes: that is a lost confirm, not the broker's refusal.
+			return outcome{kind: released, reason: releaseConfirmLost}
+		}
 		return outcome{kind: failed, reason: reasonNack, detail: "broker nacked the message (a queue may be full with overflow reject-publish)"}
 	}
-	d.metrics.ConfirmLatency.Observe(time.Since(p.publishedAt).Seconds())
-	if ret, ok := p.broker.takeReturn(p.batch.rows[p.index].ID); ok {
+	d.metrics.ConfirmLatency.Observe(time.Since(e.publishedAt).Seconds())
+	if ret, ok := e.broker.takeReturn(e.batch.rows[e.index].ID); ok {
 		return outcome{kind: failed, reason: reasonReturned,
 			detail: fmt.Sprintf("broker returned the message: %d %s (exchange %q, routing key %q)", ret.ReplyCode, ret.ReplyText, ret.Exchange, ret.RoutingKey)}
 	}
@@ -379,13 +346,4 @@ func newRetryBackoff() *backoff.ExponentialBackOff {
 	b.InitialInterval = 100 * time.Millisecond
 	b.MaxInterval = 30 * time.Second
 	return b
-}
-
-func sleep(ctx context.Context, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-	case <-t.C:
-	}
 }

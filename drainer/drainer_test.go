@@ -162,6 +162,8 @@ var _ = Describe("Failures", Label("integration"), func() {
 			return testutil.ToFloat64(d.metrics.Released.WithLabelValues(releaseConfirmLost)) +
 				testutil.ToFloat64(d.metrics.Released.WithLabelValues(releaseBrokerUnavailable))
 		}, drainTimeout).Should(BeNumerically(">", 0), "the channel closed with 404 and the claims were released")
+		// A batch claimed ahead is released as soon as its publish fails.
+		Eventually(func() int { return count(ctx, spec.Name, "claimed_by IS NOT NULL") }, drainTimeout).Should(BeZero())
 		Consistently(func() int {
 			return count(ctx, spec.Name, "claimed_by IS NOT NULL OR attempts > 0 OR published_at IS NOT NULL")
 		}, 2*time.Second, 100*time.Millisecond).Should(BeZero(), "nothing claimed, bumped or published while the exchange is missing")

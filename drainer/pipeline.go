@@ -1,0 +1,116 @@
+package drainer
+
+import (
+	"context"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// inflight is one row on its way from publish to settle. Rows leave the
+// pipeline in publish order, so a batch is complete when its last row has.
+type inflight struct {
+	batch   *batch
+	index   int
+	outcome outcome
+	// confirm is nil when the outcome was known without publishing.
+	confirm     *amqp.DeferredConfirmation
+	broker      *brokerChannel
+	publishedAt time.Time
+}
+
+// pipeline is phase 2's window: the rows published and awaiting their
+// confirm, oldest first. The goroutine that publishes also resolves the
+// confirms, so an arriving confirm frees its slot with no hand-off between
+// goroutines. On a machine shared with the broker and the database each
+// hand-off waits for the OS to schedule a thread, and that wait showed up as
+// confirm latency and lost throughput.
+type pipeline struct {
+	d        *Drainer
+	inflight []inflight
+	confirms int // entries awaiting a confirm
+	settle   chan<- *batch
+}
+
+// add puts a row's entry at the back of the window.
+func (p *pipeline) add(e inflight) {
+	p.inflight = append(p.inflight, e)
+	if e.confirm != nil {
+		p.confirms++
+		p.d.metrics.InFlight.Set(float64(p.confirms))
+	}
+	p.passKnown()
+}
+
+// passKnown passes on the entries at the front whose outcome needs no confirm.
+func (p *pipeline) passKnown() {
+	for len(p.inflight) > 0 && p.inflight[0].confirm == nil {
+		p.pass(p.inflight[0])
+		p.inflight = p.inflight[1:]
+	}
+}
+
+// pass records a row's outcome and hands a completed batch to phase 3.
+func (p *pipeline) pass(e inflight) {
+	e.batch.outcomes[e.index] = e.outcome
+	if e.index == len(e.batch.rows)-1 {
+		p.settle <- e.batch
+	}
+}
+
+// waitOldest waits for the oldest confirm, its deadline, or wake, whichever
+// comes first, and resolves the oldest unless wake came first. It reports
+// whether it resolved one. With nothing in flight it only waits for wake.
+func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
+	if len(p.inflight) == 0 {
+		<-wake
+		return false
+	}
+	oldest := p.inflight[0]
+	select {
+	case <-oldest.confirm.Done():
+	default:
+		deadline := time.NewTimer(time.Until(oldest.publishedAt.Add(p.d.cfg.confirmTimeout())))
+		defer deadline.Stop()
+		select {
+		case <-oldest.confirm.Done():
+		case <-deadline.C:
+		case <-wake:
+			return false
+		}
+	}
+	p.inflight = p.inflight[1:]
+	p.confirms--
+	p.d.metrics.InFlight.Set(float64(p.confirms))
+	oldest.outcome = p.d.classify(oldest)
+	p.pass(oldest)
+	p.passKnown()
+	return true
+}
+
+// waitFor resolves confirms until wake is closed.
+func (p *pipeline) waitFor(wake <-chan struct{}) {
+	for p.waitOldest(wake) {
+	}
+}
+
+// sleep resolves confirms for d, or until ctx ends.
+func (p *pipeline) sleep(ctx context.Context, d time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	p.waitFor(ctx.Done())
+}
+
+// makeRoom resolves confirms until fewer than depth are in flight.
+func (p *pipeline) makeRoom(depth int) {
+	for p.confirms >= depth {
+		p.waitOldest(nil)
+	}
+}
+
+// drain resolves every confirm in flight.
+func (p *pipeline) drain() {
+	for len(p.inflight) > 0 {
+		p.waitOldest(nil)
+	}
+}
