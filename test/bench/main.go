@@ -89,23 +89,23 @@ func main() {
 	// The broker, Postgres and the drainers share two cores here, and each
 	// run leaves background work (autovacuum, queue index clean-up) behind:
 	// rounds interleave the scenarios and their medians are compared.
-	var ceiling, one, two, serial, synchronous scenario
+	var ceiling, one, beside, two, serial, synchronous scenario
 	for round := range *rounds {
-		log.Printf("round %d of %d: ceiling, 1 drainer, 2 drainers", round+1, *rounds)
+		log.Printf("round %d of %d: ceiling, 1 drainer, ceiling beside its SQL, 2 drainers", round+1, *rounds)
 		measure(&ceiling, func() (float64, cpuUse) { return b.ceiling(ctx) })
 		if round == 0 {
 			profileStart()
 		}
 		drain(&one, 1, nil)
 		profileStop()
+		rate := one.rates[len(one.rates)-1]
+		measure(&beside, func() (float64, cpuUse) { return b.ceilingBesideDatabase(ctx, spec, rate) })
 		drain(&two, 2, nil)
 	}
 	drain(&serial, 1, func(c *drainer.Config) { c.SerialBatches = true })
 	drain(&synchronous, 1, func(c *drainer.Config) { c.SynchronousCommit = true })
 
 	c, o, t := median(ceiling.rates), median(one.rates), median(two.rates)
-	var beside scenario
-	measure(&beside, func() (float64, cpuUse) { return b.ceilingBesideDatabase(ctx, spec, o) })
 	report("broker ceiling (raw publish, pipelined confirms)", ceiling.rates, "", ceiling.cpu)
 	report("drainer, 1 process", one.rates, fmt.Sprintf("%.2f of ceiling", o/c), one.cpu)
 	report("drainer, 2 processes", two.rates, fmt.Sprintf("%.2f of 1 process", t/o), two.cpu)
