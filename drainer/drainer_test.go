@@ -2,8 +2,10 @@ package drainer
 
 import (
 	"context"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -273,5 +275,33 @@ var _ = Describe("Failures", Label("integration"), func() {
 		Consistently(func() int {
 			return count(ctx, spec.Name, "claimed_by IS NULL AND published_at IS NULL AND id = ANY($1::uuid[])", poisoned)
 		}, time.Second).Should(Equal(10))
+	})
+})
+
+var _ = Describe("The claim's plan", Label("integration"), func() {
+	It("stays an index scan of the claim index and a TID scan under a generic plan, never a scan of the table", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 20_000)
+		exec(ctx, "ANALYZE "+spec.Name)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		claim := store.Table().Claim(ClaimParams{DrainerID: "d", BatchSize: 100, MaxAttempts: 10, LeaseMillis: 30_000, MaxPayloadBytes: 1 << 20})
+
+		conn, err := pool.Acquire(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		defer conn.Release()
+		for _, sql := range []string{"SET plan_cache_mode = force_generic_plan", "PREPARE claim_plan AS " + claim.SQL} {
+			_, err := conn.Exec(ctx, sql)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		defer conn.Exec(ctx, "DEALLOCATE claim_plan; RESET plan_cache_mode")
+		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE claim_plan('d', 100, 10, 30000, 1048576)")
+		Expect(err).NotTo(HaveOccurred())
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		Expect(err).NotTo(HaveOccurred())
+		plan := strings.Join(lines, "\n")
+		Expect(plan).To(ContainSubstring("Index Scan using " + spec.indexName()))
+		Expect(plan).To(ContainSubstring("Tid Scan"))
+		Expect(plan).NotTo(ContainSubstring("Seq Scan"))
 	})
 })

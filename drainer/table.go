@@ -280,8 +280,9 @@ type ClaimParams struct {
 //
 // The update finds the locked rows by ctid, which cannot change while the
 // row lock is held: a TID scan instead of a primary-key probe per row, which
-// grows with the table. The id check keeps that exact on a partitioned table,
-// where ctids repeat across partitions.
+// grows with the table. The ctids are an array rather than a join, so that
+// even a generic plan, whose LIMIT is unknown, cannot pick a hash join over
+// the whole table.
 //
 // A payload over the size limit comes back as NULL with its size, so an
 // oversized row is never loaded into memory.
@@ -315,15 +316,14 @@ func (t *Table) Claim(p ClaimParams) Statement {
 	if c.EnqueuedAt != "" {
 		enqueued = "o." + q(c.EnqueuedAt)
 	}
-	sql := fmt.Sprintf(`WITH claimable AS (
-	SELECT ctid, %[2]s FROM %[1]s
+	sql := fmt.Sprintf(`UPDATE %[1]s AS o SET %[5]s = now(), %[6]s = $1
+WHERE o.ctid = ANY(ARRAY(
+	SELECT ctid FROM %[1]s
 	WHERE %[3]s
 	ORDER BY %[4]s
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
-)
-UPDATE %[1]s AS o SET %[5]s = now(), %[6]s = $1
-FROM claimable WHERE o.ctid = claimable.ctid AND o.%[2]s = claimable.%[2]s
+))
 RETURNING o.%[2]s::text, CASE WHEN %[7]s <= $5 THEN o.%[8]s END, %[7]s, %[9]s, %[10]s, %[11]s`,
 		t.ident, q(c.ID), strings.Join(where, "\n\t  AND "), t.claimOrder(),
 		q(c.ClaimedAt), q(c.ClaimedBy), size, q(c.Payload), routingKey, headers, enqueued)
