@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -67,6 +68,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer b.topo.Delete(b.ch)
+	b.dropLeftovers(ctx)
 
 	fmt.Printf("Spillway benchmark: %d events of %d bytes, persistent, to a durable bound queue; batch %d, pipeline depth %d\n\n",
 		*events, *payloadBytes, *batchSize, *depth)
@@ -280,6 +282,22 @@ func (b *bench) purge() {
 func (b *bench) exec(ctx context.Context, sql string, args ...any) {
 	if _, err := b.pool.Exec(ctx, sql, args...); err != nil {
 		log.Fatalf("%s: %v", sql, err)
+	}
+}
+
+// dropLeftovers drops the tables of an earlier run that was interrupted
+// before it could drop them itself.
+func (b *bench) dropLeftovers(ctx context.Context) {
+	rows, err := b.pool.Query(ctx, "SELECT tablename FROM pg_tables WHERE schemaname = 'public' AND tablename LIKE 'bench\\_outbox\\_%'")
+	if err != nil {
+		log.Fatal(err)
+	}
+	tables, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, t := range tables {
+		b.exec(ctx, "DROP TABLE IF EXISTS public."+t)
 	}
 }
 
