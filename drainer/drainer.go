@@ -112,7 +112,7 @@ func (d *Drainer) claimLoop(ctx context.Context, p *pipeline) {
 			if d.broker != nil && !d.broker.healthy() {
 				p.drain() // confirms of a closed channel resolve at once
 			}
-			if _, err := d.connectBroker(ctx); err != nil {
+			if err := d.connectBroker(ctx); err != nil {
 				return
 			}
 			next = d.claim(ctx)
@@ -186,12 +186,12 @@ func (d *Drainer) claim(ctx context.Context) *pendingClaim {
 	return c
 }
 
-// connectBroker returns a healthy broker channel, reconnecting with
-// jittered backoff for as long as it takes. Nothing is claimed meanwhile, so
-// rows are not claimed only to be released.
-func (d *Drainer) connectBroker(ctx context.Context) (*brokerChannel, error) {
+// connectBroker makes d.broker a healthy channel, reconnecting with jittered
+// backoff for as long as it takes. Nothing is claimed meanwhile, so rows are
+// not claimed only to be released. It fails only when ctx ends.
+func (d *Drainer) connectBroker(ctx context.Context) error {
 	if d.broker != nil && d.broker.healthy() {
-		return d.broker, nil
+		return nil
 	}
 	if d.broker != nil {
 		d.broker.close()
@@ -207,11 +207,11 @@ func (d *Drainer) connectBroker(ctx context.Context) (*brokerChannel, error) {
 			d.log.Error("Broker unavailable; claiming paused", "error", err, "retryIn", wait)
 		}))
 	if err != nil {
-		return nil, err
+		return err
 	}
 	d.log.Info("Connected to broker", "exchange", d.cfg.Broker.Exchange)
 	d.broker = b
-	return b, nil
+	return nil
 }
 
 // publish is phase 2 for one batch. Every row enters the pipeline,
