@@ -34,6 +34,8 @@ var _ = Describe("Migrate", Label("integration"), func() {
 		Expect(done).To(ConsistOf("created table "+spec.Name, "created index "+spec.indexName()))
 		before := schemaOf(ctx, spec.Name)
 		Expect(before).To(ContainElement(ContainSubstring("(attempts, enqueued_at) WHERE (published_at IS NULL)")))
+		Expect(count(ctx, "pg_class", "oid = to_regclass($1) AND reloptions @> '{fillfactor=50}'", spec.Name)).To(Equal(1),
+			"room on each page for claims to be HOT updates")
 
 		done, err = Migrate(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
