@@ -31,7 +31,10 @@ test: services ## Run every test suite against the local Postgres and RabbitMQ.
 bench: services ## Measure broker ceiling, drainer throughput and claim latency; prints ratios.
 	$(GO) run ./test/bench
 
+STATICCHECK_VERSION ?= v0.8.2
+
 .PHONY: lint
-lint: ## gofmt and go vet.
+lint: ## gofmt, go vet and staticcheck.
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt needed"; exit 1; }
 	$(GO) vet ./...
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
