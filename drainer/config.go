@@ -86,6 +86,17 @@ func (c Config) confirmTimeout() time.Duration {
 	return c.LeaseTTL / 3
 }
 
+// ClaimParams are the parameters of this config's claims.
+func (c Config) ClaimParams() ClaimParams {
+	return ClaimParams{
+		DrainerID:       c.DrainerID,
+		BatchSize:       c.BatchSize,
+		MaxAttempts:     c.MaxAttempts,
+		LeaseMillis:     c.LeaseTTL.Milliseconds(),
+		MaxPayloadBytes: c.MaxPayloadBytes,
+	}
+}
+
 // Validate checks every rule; each error names the field, the value and the rule.
 func (c Config) Validate() error {
 	var errs field.ErrorList

@@ -170,13 +170,7 @@ func (d *Drainer) claim(ctx context.Context) *pendingClaim {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), d.cfg.LeaseTTL)
 		defer cancel()
 		start := time.Now()
-		c.rows, c.err = d.store.Claim(ctx, ClaimParams{
-			DrainerID:       d.cfg.DrainerID,
-			BatchSize:       d.cfg.BatchSize,
-			MaxAttempts:     d.cfg.MaxAttempts,
-			LeaseMillis:     d.cfg.LeaseTTL.Milliseconds(),
-			MaxPayloadBytes: d.cfg.MaxPayloadBytes,
-		})
+		c.rows, c.err = d.store.Claim(ctx, d.cfg.ClaimParams())
 		if c.err == nil {
 			d.metrics.ClaimDuration.Observe(time.Since(start).Seconds())
 			d.metrics.BatchSize.Observe(float64(len(c.rows)))

@@ -29,16 +29,10 @@ var (
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
-	var err error
-	pool, err = pgxpool.New(ctx, testenv.DatabaseURL())
+	services, err := testenv.Connect(ctx)
 	Expect(err).NotTo(HaveOccurred())
-	Expect(pool.Ping(ctx)).To(Succeed(), "Postgres must be running: make test starts it")
-	amqpCon, err = amqp.Dial(testenv.BrokerURL())
-	Expect(err).NotTo(HaveOccurred(), "RabbitMQ must be running: make test starts it")
-	DeferCleanup(func() {
-		pool.Close()
-		_ = amqpCon.Close()
-	})
+	DeferCleanup(services.Close)
+	pool, amqpCon = services.DB, services.Broker
 })
 
 // amqpChannel opens a channel for the current test.

@@ -51,16 +51,12 @@ func main() {
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	log.SetPrefix("bench: ")
 	ctx := context.Background()
-	b := &bench{}
-	var err error
-	if b.pool, err = pgxpool.New(ctx, testenv.DatabaseURL()); err != nil {
+	services, err := testenv.Connect(ctx)
+	if err != nil {
 		log.Fatal(err)
 	}
-	defer b.pool.Close()
-	if b.conn, err = amqp.Dial(testenv.BrokerURL()); err != nil {
-		log.Fatal(err)
-	}
-	defer b.conn.Close()
+	defer services.Close()
+	b := &bench{pool: services.DB, conn: services.Broker}
 	if b.ch, err = b.conn.Channel(); err != nil {
 		log.Fatal(err)
 	}
@@ -223,6 +219,7 @@ func (b *bench) ceiling(ctx context.Context) (float64, cpuUse) {
 // claim parameters, for running the drainer's SQL on its own.
 func storeWithoutBroker(ctx context.Context, spec drainer.TableSpec, id string) (*drainer.Store, drainer.ClaimParams, func()) {
 	cfg := drainer.DefaultConfig()
+	cfg.DrainerID, cfg.BatchSize = id, *batchSize
 	pool, err := drainer.ConnectPool(ctx, testenv.DatabaseURL(), id, cfg.SynchronousCommit)
 	if err != nil {
 		log.Fatal(err)
@@ -231,8 +228,27 @@ func storeWithoutBroker(ctx context.Context, spec drainer.TableSpec, id string) 
 	if err != nil {
 		log.Fatal(err)
 	}
-	return store, drainer.ClaimParams{DrainerID: id, BatchSize: *batchSize, MaxAttempts: cfg.MaxAttempts,
-		LeaseMillis: cfg.LeaseTTL.Milliseconds(), MaxPayloadBytes: cfg.MaxPayloadBytes}, pool.Close
+	return store, cfg.ClaimParams(), pool.Close
+}
+
+// claimAndMark claims a batch and marks it published, as a drainer whose
+// every publish was acked does. It returns the rows claimed and how long the
+// claim statement took.
+func claimAndMark(ctx context.Context, store *drainer.Store, params drainer.ClaimParams) (int, time.Duration) {
+	start := time.Now()
+	rows, err := store.Claim(ctx, params)
+	took := time.Since(start)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var st drainer.Settlement
+	for _, r := range rows {
+		st.Published = append(st.Published, r.ID)
+	}
+	if _, err := store.Settle(ctx, params.DrainerID, st, drainer.Backoff{}); err != nil {
+		log.Fatal(err)
+	}
+	return len(rows), took
 }
 
 // ceilingBesideDatabase publishes as ceiling does while the drainer's SQL
@@ -254,17 +270,7 @@ func (b *bench) ceilingBesideDatabase(ctx context.Context, spec drainer.TableSpe
 				return
 			case <-tick.C:
 			}
-			rows, err := store.Claim(ctx, params)
-			if err != nil {
-				log.Fatal(err)
-			}
-			var st drainer.Settlement
-			for _, r := range rows {
-				st.Published = append(st.Published, r.ID)
-			}
-			if _, err := store.Settle(ctx, params.DrainerID, st, drainer.Backoff{}); err != nil {
-				log.Fatal(err)
-			}
+			claimAndMark(ctx, store, params)
 		}
 	})
 	defer wg.Wait()
@@ -412,20 +418,12 @@ func (b *bench) claimLatencies(ctx context.Context, setups []claimSetup) [][2]ti
 	const warm = 10 // claims that warm the plan cache, not counted
 	for i := range *claims + warm {
 		for _, t := range tables {
-			start := time.Now()
-			rows, err := t.store.Claim(ctx, t.params)
+			n, took := claimAndMark(ctx, t.store, t.params)
+			if n != *batchSize {
+				log.Fatalf("claim latency: claimed %d rows, want %d", n, *batchSize)
+			}
 			if i >= warm {
-				t.took = append(t.took, time.Since(start))
-			}
-			if err != nil || len(rows) != *batchSize {
-				log.Fatalf("claim: %d rows, %v", len(rows), err)
-			}
-			var st drainer.Settlement
-			for _, r := range rows {
-				st.Published = append(st.Published, r.ID)
-			}
-			if _, err := t.store.Settle(ctx, t.params.DrainerID, st, drainer.Backoff{}); err != nil {
-				log.Fatal(err)
+				t.took = append(t.took, took)
 			}
 		}
 	}

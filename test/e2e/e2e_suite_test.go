@@ -37,12 +37,10 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	spillway, err = gexec.Build("github.com/spillway-io/spillway")
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(gexec.CleanupBuildArtifacts)
-	pool, err = pgxpool.New(ctx, testenv.DatabaseURL())
+	services, err := testenv.Connect(ctx)
 	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(pool.Close)
-	amqpConn, err = amqp.Dial(testenv.BrokerURL())
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(amqpConn.Close)
+	DeferCleanup(services.Close)
+	pool, amqpConn = services.DB, services.Broker
 })
 
 // start runs spillway with args; the process is killed when the test ends.

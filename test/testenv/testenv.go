@@ -4,9 +4,14 @@
 package testenv
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"os"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // DatabaseURL is the test Postgres; override with SPILLWAY_TEST_DATABASE_URL.
@@ -32,4 +37,34 @@ func UniqueName(prefix string) string {
 	b := make([]byte, 4)
 	_, _ = rand.Read(b)
 	return prefix + "_" + hex.EncodeToString(b)
+}
+
+// Services is a connection to each of the local test services.
+type Services struct {
+	DB     *pgxpool.Pool
+	Broker *amqp.Connection
+}
+
+// Connect reaches the test Postgres and RabbitMQ, saying which one is down
+// and that make test starts it.
+func Connect(ctx context.Context) (Services, error) {
+	db, err := pgxpool.New(ctx, DatabaseURL())
+	if err == nil {
+		err = db.Ping(ctx)
+	}
+	if err != nil {
+		return Services{}, fmt.Errorf("postgres at %s (make test starts it): %w", DatabaseURL(), err)
+	}
+	broker, err := amqp.Dial(BrokerURL())
+	if err != nil {
+		db.Close()
+		return Services{}, fmt.Errorf("rabbitmq (make test starts it): %w", err)
+	}
+	return Services{DB: db, Broker: broker}, nil
+}
+
+// Close closes both connections.
+func (s Services) Close() {
+	s.DB.Close()
+	_ = s.Broker.Close()
 }
