@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -23,17 +25,26 @@ type brokerChannel struct {
 	// before the ack of the same message, and a full buffer would drop it.
 	returns  chan amqp.Return
 	returned map[string]amqp.Return
+	// isBlocked is set while the broker has blocked publishing (a memory or
+	// disk alarm). RabbitMQ tells a connection when it next publishes.
+	isBlocked atomic.Bool
 }
 
 // dialBroker connects, enables confirms, and checks (or declares) the
 // exchange before anything is claimed, so a missing exchange costs no claims.
-func dialBroker(cfg BrokerConfig, drainerID string, depth int) (*brokerChannel, error) {
-	conn, err := amqp.DialConfig(cfg.URL, amqp.Config{
+// The URL is read afresh, so a rotated password file takes effect here.
+// changed is called when the connection closes or is blocked or unblocked.
+func dialBroker(cfg BrokerConfig, drainerID string, depth int, log *slog.Logger, changed func()) (*brokerChannel, error) {
+	url, err := cfg.Read()
+	if err != nil {
+		return nil, err
+	}
+	conn, err := amqp.DialConfig(url, amqp.Config{
 		Properties: amqp.Table{"connection_name": "spillway-drainer/" + drainerID},
 		Dial:       amqp.DefaultDial(10 * time.Second),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("connect to broker %s: %w", RedactURL(cfg.URL), redactError(err, cfg.URL))
+		return nil, fmt.Errorf("connect to broker %s: %w", RedactURL(url), redactError(err, url))
 	}
 	b := &brokerChannel{
 		conn:      conn,
@@ -46,7 +57,47 @@ func dialBroker(cfg BrokerConfig, drainerID string, depth int) (*brokerChannel, 
 		b.close()
 		return nil, err
 	}
+	go b.watch(log, changed)
 	return b, nil
+}
+
+// watch follows the connection's blocked and closed notifications until it
+// closes, so the claim loop stops claiming at once instead of at its next
+// publish.
+func (b *brokerChannel) watch(log *slog.Logger, changed func()) {
+	blocked := b.conn.NotifyBlocked(make(chan amqp.Blocking, 2))
+	connClosed := b.conn.NotifyClose(make(chan *amqp.Error, 1))
+	chClosed := b.ch.NotifyClose(make(chan *amqp.Error, 1))
+	for {
+		select {
+		case bl, ok := <-blocked:
+			if !ok {
+				blocked = nil
+				continue
+			}
+			b.isBlocked.Store(bl.Active)
+			if bl.Active {
+				log.Warn("Broker blocked publishing; claiming paused", "reason", bl.Reason)
+			} else {
+				log.Info("Broker unblocked publishing; claiming resumed")
+			}
+			changed()
+		case err := <-connClosed:
+			if err != nil {
+				log.Warn("Broker closed the connection", "code", err.Code, "reason", err.Reason)
+			}
+			changed()
+			return
+		case err, ok := <-chClosed:
+			if err != nil {
+				log.Warn("Broker closed the channel", "code", err.Code, "reason", err.Reason)
+			}
+			if ok {
+				changed()
+			}
+			chClosed = nil // closed channels are ready forever
+		}
+	}
 }
 
 func (b *brokerChannel) open(cfg BrokerConfig) error {
@@ -76,6 +127,9 @@ func (b *brokerChannel) open(cfg BrokerConfig) error {
 	}
 	return nil
 }
+
+// blocked reports whether the broker is blocking this connection's publishes.
+func (b *brokerChannel) blocked() bool { return b.isBlocked.Load() }
 
 // healthy is false once the connection or the channel has closed.
 func (b *brokerChannel) healthy() bool {

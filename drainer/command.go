@@ -9,10 +9,14 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
+	"github.com/cenkalti/backoff/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // columnsFlag parses --columns logical=physical,...
@@ -33,10 +37,31 @@ func (f columnsFlag) Set(s string) error {
 	return nil
 }
 
+// windowFlag is an optional duration: unset keeps rows forever, and a zero
+// or negative value reaches validation to be refused, not silently ignored.
+type windowFlag struct{ d **time.Duration }
+
+func (f windowFlag) String() string {
+	if f.d == nil || *f.d == nil {
+		return ""
+	}
+	return (*f.d).String()
+}
+
+func (f windowFlag) Set(s string) error {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return err
+	}
+	*f.d = &d
+	return nil
+}
+
 // registerTableFlags binds the flags that name the outbox and its mapping,
 // shared by drain and migrate.
 func registerTableFlags(fs *flag.FlagSet, c *Config) {
-	fs.StringVar(&c.DatabaseURL, "database-url", os.Getenv("DATABASE_URL"), "outbox database URL (default $DATABASE_URL)")
+	fs.StringVar(&c.Database.URL, "database-url", os.Getenv("DATABASE_URL"), "outbox database URL, for local use (default $DATABASE_URL)")
+	fs.StringVar(&c.Database.File, "database-url-file", "", "file holding the database URL, re-read at every connect (a mounted secret)")
 	fs.StringVar(&c.Table.Name, "table", c.Table.Name, "outbox table, as schema.table")
 	fs.Var(columnsFlag{&c.Table.Columns}, "columns",
 		"column mapping logical=physical, comma-separated; logical names: "+strings.Join(ColumnFlagNames(), ", "))
@@ -49,7 +74,8 @@ func registerTableFlags(fs *flag.FlagSet, c *Config) {
 func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	registerTableFlags(fs, c)
 	fs.StringVar(&c.DrainerID, "drainer-id", c.DrainerID, "drainer ID, stamped on claims (default $POD_NAME, then the hostname)")
-	fs.StringVar(&c.Broker.URL, "broker-url", os.Getenv("BROKER_URL"), "AMQP URL of the broker (default $BROKER_URL)")
+	fs.StringVar(&c.Broker.URL, "broker-url", os.Getenv("BROKER_URL"), "AMQP URL of the broker, for local use (default $BROKER_URL)")
+	fs.StringVar(&c.Broker.File, "broker-url-file", "", "file holding the AMQP URL, re-read at every reconnect (a mounted secret)")
 	fs.StringVar(&c.Broker.Exchange, "exchange", c.Broker.Exchange, "exchange to publish to")
 	fs.BoolVar(&c.Broker.Mandatory, "mandatory", c.Broker.Mandatory, "publish mandatory: an unroutable row counts a failed attempt")
 	fs.BoolVar(&c.Broker.DeclareExchange, "declare-exchange", c.Broker.DeclareExchange, "declare the exchange (durable) on connect")
@@ -66,6 +92,12 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.ContentType, "content-type", c.ContentType, "message content type (default from the payload column's type)")
 	fs.BoolVar(&c.SynchronousCommit, "synchronous-commit", c.SynchronousCommit,
 		"commit claims and settles synchronously (off: the application's commits do not queue behind the drainer's WAL flushes)")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout,
+		"on SIGTERM, how long to wait for confirms in flight, settle them and release the rest")
+	fs.Var(windowFlag{&c.Retention.Published}, "retention-published", "delete published rows this long after publishing (unset: keep)")
+	fs.Var(windowFlag{&c.Retention.UnpublishedMaxAge}, "retention-unpublished-max-age",
+		"delete rows never published this long after enqueued_at, poisoned ones included (unset: keep)")
+	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "pause between retention runs")
 }
 
 func defaultDrainerID() string {
@@ -87,7 +119,7 @@ func DrainCommand(ctx context.Context, args []string) error {
 	cfg := DefaultConfig()
 	cfg.DrainerID = defaultDrainerID()
 	fs := newFlagSet(&cfg)
-	metricsAddr := fs.String("metrics-addr", ":8080", "listen address of /metrics (empty: off)")
+	httpAddr := fs.String("metrics-addr", ":8080", "listen address of /metrics, /healthz and /readyz (empty: off)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -95,14 +127,14 @@ func DrainCommand(ctx context.Context, args []string) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
-	pool, err := ConnectPool(ctx, cfg.DatabaseURL, cfg.DrainerID, cfg.SynchronousCommit)
+	pool, err := ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
 	if err != nil {
-		return redactError(err, cfg.DatabaseURL)
+		return err
 	}
 	defer pool.Close()
-	store, err := OpenStore(ctx, pool, cfg.Table)
+	store, err := openStoreRetrying(ctx, pool, cfg.Table, log)
 	if err != nil {
-		return redactError(err, cfg.DatabaseURL)
+		return err
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -110,18 +142,56 @@ func DrainCommand(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *metricsAddr != "" {
-		srv := &http.Server{Addr: *metricsAddr, Handler: promhttp.HandlerFor(reg, promhttp.HandlerOpts{})}
+	if *httpAddr != "" {
+		srv := &http.Server{Addr: *httpAddr, Handler: probeMux(reg, d), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("Metrics server stopped", "error", err)
+				log.Error("HTTP server stopped", "addr", *httpAddr, "error", err)
 			}
 		}()
 		defer srv.Close()
 	}
 	log.Info("Drainer started", "drainer", cfg.DrainerID, "table", store.Table().Name(),
-		"database", RedactURL(cfg.DatabaseURL), "broker", RedactURL(cfg.Broker.URL), "exchange", cfg.Broker.Exchange)
+		"database", RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File,
+		"broker", RedactURL(cfg.Broker.URL), "brokerFile", cfg.Broker.File, "exchange", cfg.Broker.Exchange)
 	return d.Run(ctx)
+}
+
+// probeMux serves the metrics and the probes on one port: /healthz says the
+// process is alive, /readyz that it can drain.
+func probeMux(reg *prometheus.Registry, d *Drainer) *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		if err := d.Ready(ctx); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
+	return mux
+}
+
+// openStoreRetrying reads the table's catalog, waiting out a database that
+// is not up yet. A table that does not fit the mapping is a permanent error.
+func openStoreRetrying(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, log *slog.Logger) (*Store, error) {
+	return backoff.Retry(ctx, func() (*Store, error) {
+		cols, err := Catalog(ctx, pool, spec)
+		if err != nil {
+			return nil, err
+		}
+		table, err := ResolveTable(spec, cols)
+		if err != nil {
+			return nil, backoff.Permanent(err)
+		}
+		return &Store{pool: pool, table: table}, nil
+	}, backoff.WithBackOff(newRetryBackoff()), backoff.WithMaxElapsedTime(0),
+		backoff.WithNotify(func(err error, wait time.Duration) {
+			log.Error("Database unavailable at start; retrying", "error", err, "retryIn", wait)
+		}))
 }
 
 // MigrateCommand is `spillway migrate`.
@@ -129,20 +199,30 @@ func MigrateCommand(ctx context.Context, args []string) error {
 	cfg := DefaultConfig()
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
 	registerTableFlags(fs, &cfg)
+	notify := fs.Bool("notify", false, "install a statement-level insert trigger that wakes drainers at once (NOTIFY takes a database-wide lock at commit: see README)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if cfg.DatabaseURL == "" {
-		return errors.New("database.url: Required value: set --database-url or DATABASE_URL")
+	if errs := cfg.Database.validate(field.NewPath("database"), "the outbox database's connection URL"); len(errs) > 0 {
+		return errs.ToAggregate()
 	}
-	pool, err := ConnectPool(ctx, cfg.DatabaseURL, "migrate", true)
+	pool, err := ConnectPool(ctx, cfg.Database, "migrate", true)
 	if err != nil {
-		return redactError(err, cfg.DatabaseURL)
+		return err
 	}
 	defer pool.Close()
 	done, err := Migrate(ctx, pool, cfg.Table)
 	if err != nil {
-		return redactError(err, cfg.DatabaseURL)
+		return err
+	}
+	if *notify {
+		installed, err := InstallNotifyTrigger(ctx, pool, cfg.Table)
+		if err != nil {
+			return err
+		}
+		if installed {
+			done = append(done, "created trigger "+cfg.Table.objectName(notifyTriggerSuffix)+" notifying "+cfg.Table.NotifyChannel())
+		}
 	}
 	if len(done) == 0 {
 		fmt.Printf("%s is up to date\n", cfg.Table.Name)

@@ -13,7 +13,7 @@ const worstCasePublish = 100 * time.Millisecond
 
 // BrokerConfig says where and how rows are published.
 type BrokerConfig struct {
-	URL      string
+	URLSource
 	Exchange string
 	// Mandatory is off by default: on a fan-out topic exchange "no queue bound
 	// yet" is normal, and with mandatory on it would poison those events.
@@ -26,10 +26,10 @@ type BrokerConfig struct {
 
 // Config is one drainer's configuration. Durations are Go durations.
 type Config struct {
-	DrainerID   string
-	DatabaseURL string
-	Table       TableSpec
-	Broker      BrokerConfig
+	DrainerID string
+	Database  URLSource
+	Table     TableSpec
+	Broker    BrokerConfig
 
 	BatchSize     int
 	PipelineDepth int
@@ -48,11 +48,31 @@ type Config struct {
 	// behind the drainer's WAL flushes; a claim or mark lost in a database
 	// crash only causes a duplicate, never a loss.
 	SynchronousCommit bool
+	// ShutdownTimeout bounds the graceful stop: waiting for the confirms in
+	// flight, settling them and releasing the rest.
+	ShutdownTimeout time.Duration
+	Retention       Retention
 	// SerialBatches waits for a batch to settle before claiming the next. It
 	// exists to measure what overlapping claims with confirms buys; there is
 	// no flag for it.
 	SerialBatches bool
 }
+
+// Retention prunes old rows. A nil window keeps rows forever.
+type Retention struct {
+	// Published deletes published rows once published_at is this old.
+	Published *time.Duration
+	// UnpublishedMaxAge deletes pending rows (poisoned ones included) once
+	// enqueued_at is this old: events given up on, counted in the log.
+	UnpublishedMaxAge *time.Duration
+	// Interval is the pause between prune runs.
+	Interval time.Duration
+	// BatchSize bounds each DELETE, so no lock is held for long.
+	BatchSize int
+}
+
+// enabled reports whether any window is set.
+func (r Retention) enabled() bool { return r.Published != nil || r.UnpublishedMaxAge != nil }
 
 // DefaultConfig returns the defaults a user gets without flags.
 func DefaultConfig() Config {
@@ -67,6 +87,8 @@ func DefaultConfig() Config {
 		RetryInitial:    time.Second,
 		RetryMax:        10 * time.Minute,
 		MaxPayloadBytes: 16 << 20,
+		ShutdownTimeout: 30 * time.Second,
+		Retention:       Retention{Interval: time.Minute, BatchSize: 1000},
 	}
 }
 
@@ -103,12 +125,8 @@ func (c Config) Validate() error {
 	if c.DrainerID == "" {
 		errs = append(errs, field.Required(field.NewPath("drainerID"), "set --drainer-id or POD_NAME"))
 	}
-	if c.DatabaseURL == "" {
-		errs = append(errs, field.Required(field.NewPath("database", "url"), "the outbox database's connection URL"))
-	}
-	if c.Broker.URL == "" {
-		errs = append(errs, field.Required(field.NewPath("broker", "url"), "the AMQP URL of the broker"))
-	}
+	errs = append(errs, c.Database.validate(field.NewPath("database"), "the outbox database's connection URL")...)
+	errs = append(errs, c.Broker.validate(field.NewPath("broker"), "the AMQP URL of the broker")...)
 	errs = append(errs, c.Table.Validate(field.NewPath("database"))...)
 	switch c.Broker.ExchangeType {
 	case "direct", "fanout", "topic", "headers":
@@ -142,5 +160,30 @@ func (c Config) Validate() error {
 	if c.MaxPayloadBytes <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("maxPayloadBytes"), c.MaxPayloadBytes, "must be greater than 0"))
 	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("shutdownTimeout"), c.ShutdownTimeout.String(), "must be greater than 0"))
+	}
+	errs = append(errs, c.Retention.validate(field.NewPath("retention"))...)
 	return errs.ToAggregate()
+}
+
+// validate refuses a zero or negative window: a zero unpublishedMaxAge would
+// delete the whole pending set.
+func (r Retention) validate(path *field.Path) field.ErrorList {
+	var errs field.ErrorList
+	for _, w := range []struct {
+		name   string
+		window *time.Duration
+	}{{"published", r.Published}, {"unpublishedMaxAge", r.UnpublishedMaxAge}} {
+		if w.window != nil && *w.window <= 0 {
+			errs = append(errs, field.Invalid(path.Child(w.name), w.window.String(), "must be greater than 0 (leave it unset to keep rows forever)"))
+		}
+	}
+	if r.enabled() && r.Interval <= 0 {
+		errs = append(errs, field.Invalid(path.Child("interval"), r.Interval.String(), "must be greater than 0"))
+	}
+	if r.enabled() && r.BatchSize <= 0 {
+		errs = append(errs, field.Invalid(path.Child("batchSize"), r.BatchSize, "must be greater than 0"))
+	}
+	return errs
 }

@@ -10,7 +10,7 @@ import (
 var _ = Describe("Config validation", func() {
 	valid := func() Config {
 		c := DefaultConfig()
-		c.DrainerID, c.DatabaseURL, c.Broker.URL = "d-1", "postgres://localhost/x", "amqp://localhost/"
+		c.DrainerID, c.Database.URL, c.Broker.URL = "d-1", "postgres://localhost/x", "amqp://localhost/"
 		return c
 	}
 

@@ -2,12 +2,15 @@ package drainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // outcomeKind is what phase 3 does with a row.
@@ -30,6 +33,7 @@ const (
 	releaseConfirmLost       = "confirm_lost"
 	releaseConfirmTimeout    = "confirm_timeout"
 	releaseBrokerUnavailable = "broker_unavailable"
+	releaseBrokerBlocked     = "broker_blocked"
 	releaseShutdown          = "shutdown"
 )
 
@@ -54,14 +58,23 @@ type Drainer struct {
 	metrics     *Metrics
 	log         *slog.Logger
 	contentType string
-	// broker is owned by the goroutine running the claim loop.
-	broker *brokerChannel
+	// broker is owned by the goroutine running the claim loop; current is
+	// the same channel, for the readiness probe.
+	broker  *brokerChannel
+	current atomic.Pointer[brokerChannel]
+	// wake cuts an idle wait short: new rows were notified, or the broker's
+	// state changed.
+	wake chan struct{}
 }
 
 // New checks the config and returns a drainer over store.
 func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if cfg.Retention.UnpublishedMaxAge != nil && !store.Table().HasEnqueuedAt() {
+		return nil, field.Invalid(field.NewPath("retention", "unpublishedMaxAge"), cfg.Retention.UnpublishedMaxAge.String(),
+			"needs an enqueuedAt column to age rows by, and "+store.Table().Name()+" has none")
 	}
 	contentType := cfg.ContentType
 	if contentType == "" {
@@ -73,30 +86,158 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		metrics:     metrics,
 		log:         log.With("drainer", cfg.DrainerID, "table", store.Table().Name()),
 		contentType: contentType,
+		wake:        make(chan struct{}, 1),
 	}, nil
 }
 
-// Run drains until ctx ends, then lets in-flight confirms resolve, settles
-// them, releases what was not published, and returns. The next claim and the
-// settles run beside the publishing, so their round trips overlap it.
+// poke wakes the claim loop if it is idle, or makes its next idle wait short.
+func (d *Drainer) poke() {
+	select {
+	case d.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run drains until ctx ends. Then it stops claiming, waits for the confirms
+// in flight, settles them, releases the rest, and returns within the
+// shutdown timeout. The next claim and the settles run beside the
+// publishing, so their round trips overlap it.
 func (d *Drainer) Run(ctx context.Context) error {
-	n, err := d.store.ReleaseAll(ctx, d.cfg.DrainerID)
+	if !d.releaseLeftovers(ctx) {
+		return nil
+	}
+	shutdown := make(chan time.Time, 1)
+	defer context.AfterFunc(ctx, func() { shutdown <- time.Now().Add(d.cfg.ShutdownTimeout) })()
+
+	var background sync.WaitGroup
+	bgCtx, stopBackground := context.WithCancel(ctx)
+	background.Go(func() { d.listen(bgCtx) })
+	if d.cfg.Retention.enabled() {
+		background.Go(func() { d.pruneLoop(bgCtx) })
+	}
+	settleCtx, stopSettling := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopSettling()
+	settle := make(chan *batch, 4)
+	var settler sync.WaitGroup
+	settler.Go(func() { d.settleLoop(settleCtx, settle) })
+
+	p := &pipeline{d: d, settle: settle}
+	d.claimLoop(ctx, p)
+
+	// The claim loop returns only once ctx has ended. The confirms may use
+	// the shutdown timeout but for a reserve, which the settles and the
+	// final release need.
+	deadline := <-shutdown
+	reserve := min(d.cfg.ShutdownTimeout/4, 5*time.Second)
+	p.stopBy = deadline.Add(-reserve)
+	p.drain()
+	close(settle)
+	defer time.AfterFunc(time.Until(deadline.Add(-reserve/2)), stopSettling).Stop()
+	settler.Wait()
+	// Whatever is still claimed under this ID is in flight no more: a
+	// settle that gave up, or a claim that finished after shutdown began.
+	releaseCtx, cancel := context.WithDeadline(context.WithoutCancel(ctx), deadline.Add(-reserve/4))
+	defer cancel()
+	if n, err := d.store.ReleaseAll(releaseCtx, d.cfg.DrainerID); err != nil {
+		d.log.Error("Releasing claims at shutdown failed; they expire with their lease", "error", err)
+	} else if n > 0 {
+		d.log.Info("Released claims at shutdown", "rows", n)
+	}
+	stopBackground()
+	background.Wait()
+	if d.broker != nil {
+		d.broker.close()
+	}
+	d.log.Info("Drainer stopped")
+	return nil
+}
+
+// releaseLeftovers frees the claims a previous process left under this
+// drainer ID, retrying until the database answers. False means ctx ended.
+func (d *Drainer) releaseLeftovers(ctx context.Context) bool {
+	n, err := backoff.Retry(ctx, func() (int64, error) {
+		return d.store.ReleaseAll(ctx, d.cfg.DrainerID)
+	}, backoff.WithBackOff(newRetryBackoff()), backoff.WithMaxElapsedTime(0),
+		backoff.WithNotify(func(err error, wait time.Duration) {
+			d.log.Error("Database unavailable at start; retrying", "error", err, "retryIn", wait)
+		}))
 	if err != nil {
-		return err
+		return false
 	}
 	if n > 0 {
 		d.log.Info("Released claims left by a previous process under this drainer ID", "rows", n)
 	}
-	settle := make(chan *batch, 4)
-	var wg sync.WaitGroup
-	wg.Go(func() { d.settleLoop(context.WithoutCancel(ctx), settle) })
-	p := &pipeline{d: d, settle: settle}
-	d.claimLoop(ctx, p)
-	p.drain()
-	close(settle)
-	wg.Wait()
-	if d.broker != nil {
-		d.broker.close()
+	return true
+}
+
+// listen keeps a LISTEN session on the table's notify channel, so inserted
+// rows are claimed at once instead of at the next poll. Without the trigger
+// nothing is ever notified, and the poll does the work.
+func (d *Drainer) listen(ctx context.Context) {
+	retry := newRetryBackoff()
+	for {
+		started := time.Now()
+		err := d.store.Listen(ctx, d.cfg.Table, d.poke)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > time.Minute {
+			retry.Reset()
+		}
+		wait := retry.NextBackOff()
+		d.log.Warn("Listen session lost; polling until it is back", "error", err, "retryIn", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+}
+
+// pruneLoop applies the retention windows every interval.
+func (d *Drainer) pruneLoop(ctx context.Context) {
+	r, table := d.cfg.Retention, d.store.Table()
+	tick := time.NewTicker(r.Interval)
+	defer tick.Stop()
+	for {
+		if r.Published != nil {
+			n, err := d.store.Prune(ctx, table.PrunePublished(*r.Published, r.BatchSize), r.BatchSize)
+			d.metrics.Pruned.WithLabelValues("published").Add(float64(n))
+			if err != nil && ctx.Err() == nil {
+				d.log.Error("Pruning published rows failed", "error", err, "deleted", n)
+			} else if n > 0 {
+				d.log.Info("Pruned published rows", "rows", n, "olderThan", r.Published.String())
+			}
+		}
+		if r.UnpublishedMaxAge != nil {
+			n, err := d.store.Prune(ctx, table.PruneUnpublished(*r.UnpublishedMaxAge, d.cfg.LeaseTTL, r.BatchSize), r.BatchSize)
+			d.metrics.Pruned.WithLabelValues("unpublished").Add(float64(n))
+			if err != nil && ctx.Err() == nil {
+				d.log.Error("Dropping old unpublished rows failed", "error", err, "deleted", n)
+			} else if n > 0 {
+				d.log.Warn("Dropped unpublished rows past retention.unpublishedMaxAge; they were never published",
+					"rows", n, "olderThan", r.UnpublishedMaxAge.String())
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// Ready reports why the drainer cannot drain right now, or nil: the broker
+// must be connected and not blocking, and the database must answer.
+func (d *Drainer) Ready(ctx context.Context) error {
+	switch b := d.current.Load(); {
+	case b == nil || !b.healthy():
+		return errors.New("broker not connected")
+	case b.blocked():
+		return errors.New("broker is blocking publishes (resource alarm)")
+	}
+	if err := d.store.Ping(ctx); err != nil {
+		return fmt.Errorf("database: %w", redactError(err, d.cfg.Database.URL))
 	}
 	return nil
 }
@@ -115,6 +256,12 @@ func (d *Drainer) claimLoop(ctx context.Context, p *pipeline) {
 			if err := d.connectBroker(ctx); err != nil {
 				return
 			}
+			if d.broker.blocked() {
+				// Rows claimed now could only be released; the unblock
+				// wakes the loop.
+				p.idle(ctx, d.cfg.PollInterval, d.wake)
+				continue
+			}
 			next = d.claim(ctx)
 		}
 		p.waitFor(next.done)
@@ -128,7 +275,7 @@ func (d *Drainer) claimLoop(ctx context.Context, p *pipeline) {
 		}
 		retry.Reset()
 		full := len(c.rows) == d.cfg.BatchSize
-		if full && !d.cfg.SerialBatches && d.broker.healthy() {
+		if full && !d.cfg.SerialBatches && d.broker.healthy() && !d.broker.blocked() {
 			next = d.claim(ctx)
 		}
 		if len(c.rows) > 0 {
@@ -141,7 +288,7 @@ func (d *Drainer) claimLoop(ctx context.Context, p *pipeline) {
 			}
 		}
 		if !full {
-			p.sleep(ctx, d.cfg.PollInterval)
+			p.idle(ctx, d.cfg.PollInterval, d.wake)
 		}
 	}
 	if next != nil {
@@ -190,10 +337,11 @@ func (d *Drainer) connectBroker(ctx context.Context) error {
 	if d.broker != nil {
 		d.broker.close()
 		d.broker = nil
+		d.current.Store(nil)
 		d.log.Warn("Broker channel closed; reconnecting")
 	}
 	b, err := backoff.Retry(ctx, func() (*brokerChannel, error) {
-		return dialBroker(d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth)
+		return dialBroker(d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth, d.log, d.poke)
 	},
 		backoff.WithBackOff(newRetryBackoff()),
 		backoff.WithMaxElapsedTime(0),
@@ -205,6 +353,7 @@ func (d *Drainer) connectBroker(ctx context.Context) error {
 	}
 	d.log.Info("Connected to broker", "exchange", d.cfg.Broker.Exchange)
 	d.broker = b
+	d.current.Store(b)
 	return nil
 }
 
@@ -218,6 +367,10 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, rows []Row) *batch {
 		e := inflight{batch: bt, index: i}
 		if rest == nil && ctx.Err() != nil {
 			rest = &outcome{kind: released, reason: releaseShutdown}
+		}
+		if rest == nil && d.broker.blocked() {
+			// Publishes would pile up unread in the socket.
+			rest = &outcome{kind: released, reason: releaseBrokerBlocked}
 		}
 		if rest != nil {
 			e.outcome = *rest
@@ -248,15 +401,18 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, rows []Row) *batch {
 }
 
 // classify turns a publish whose confirm arrived, or whose deadline passed,
-// into its outcome.
-func (d *Drainer) classify(e inflight) outcome {
+// into its outcome; timedOut is the release reason for the latter.
+func (d *Drainer) classify(e inflight, timedOut string) outcome {
 	select {
 	case <-e.confirm.Done():
 	default:
-		// A channel that stalls past the deadline is not trusted again; the
-		// claim loop reconnects.
-		e.broker.close()
-		return outcome{kind: released, reason: releaseConfirmTimeout}
+		// A channel that stalls past the deadline is not trusted again, and
+		// the claim loop reconnects; unless the broker blocked it, which
+		// explains the stall, and a new connection would only block again.
+		if !e.broker.blocked() {
+			e.broker.close()
+		}
+		return outcome{kind: released, reason: timedOut}
 	}
 	if !e.confirm.Acked() {
 		if e.broker.ch.IsClosed() {

@@ -108,7 +108,7 @@ func ids(ctx context.Context, table, where string, args ...any) []string {
 func testConfig(id string, spec TableSpec, exchange string) Config {
 	cfg := DefaultConfig()
 	cfg.DrainerID = id
-	cfg.DatabaseURL = testenv.DatabaseURL()
+	cfg.Database.URL = testenv.DatabaseURL()
 	cfg.Broker.URL = testenv.BrokerURL()
 	cfg.Broker.Exchange = exchange
 	cfg.Table = spec
@@ -121,7 +121,9 @@ type running struct {
 	*Drainer
 	reg  *prometheus.Registry
 	stop context.CancelFunc
-	done chan error
+	// done receives Run's result; exited closes after it.
+	done   chan error
+	exited chan struct{}
 }
 
 // newDrainer builds a drainer over the shared pool, with its own metrics.
@@ -137,14 +139,20 @@ func newDrainer(ctx context.Context, cfg Config) *running {
 // start runs the drainer until the test ends.
 func (r *running) start() *running {
 	ctx, cancel := context.WithCancel(context.Background())
-	r.stop, r.done = cancel, make(chan error, 1)
+	r.stop, r.done, r.exited = cancel, make(chan error, 1), make(chan struct{})
 	go func() {
 		defer GinkgoRecover()
+		defer close(r.exited)
 		r.done <- r.Run(ctx)
 	}()
 	DeferCleanup(func() {
 		r.stop()
-		Eventually(r.done, 30*time.Second).Should(Receive(BeNil()))
+		Eventually(r.exited, 30*time.Second).Should(BeClosed())
+		select {
+		case err := <-r.done: // unless the test took it
+			Expect(err).NotTo(HaveOccurred())
+		default:
+		}
 	})
 	return r
 }
@@ -152,4 +160,16 @@ func (r *running) start() *running {
 // startDrainer builds and runs a drainer until the test ends.
 func startDrainer(ctx context.Context, cfg Config) *running {
 	return newDrainer(ctx, cfg).start()
+}
+
+// histogramCount is the number of observations of a histogram in reg.
+func histogramCount(reg *prometheus.Registry, name string) uint64 {
+	families, err := reg.Gather()
+	Expect(err).NotTo(HaveOccurred())
+	for _, f := range families {
+		if f.GetName() == name {
+			return f.GetMetric()[0].GetHistogram().GetSampleCount()
+		}
+	}
+	return 0
 }

@@ -300,7 +300,7 @@ var _ = Describe("The claim's plan", Label("integration"), func() {
 		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		Expect(err).NotTo(HaveOccurred())
 		plan := strings.Join(lines, "\n")
-		Expect(plan).To(ContainSubstring("Index Scan using " + spec.indexName()))
+		Expect(plan).To(ContainSubstring("Index Scan using " + spec.objectName(claimIndexSuffix)))
 		Expect(plan).To(ContainSubstring("Tid Scan"))
 		Expect(plan).NotTo(ContainSubstring("Seq Scan"))
 	})

@@ -14,6 +14,7 @@ type Metrics struct {
 	BatchSize      prometheus.Histogram
 	InFlight       prometheus.Gauge
 	LastPublish    prometheus.Gauge
+	Pruned         *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them with reg.
@@ -27,7 +28,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Failed: prometheus.NewCounterVec(prometheus.CounterOpts(opts("failed_rows_total",
 			"Rows that failed and counted an attempt, by reason (nack, returned, oversized, bad_headers, no_routing_key).")), []string{"reason"}),
 		Released: prometheus.NewCounterVec(prometheus.CounterOpts(opts("released_rows_total",
-			"Claims given back without counting an attempt, by reason (confirm_lost, confirm_timeout, broker_unavailable, shutdown).")), []string{"reason"}),
+			"Claims given back without counting an attempt, by reason (confirm_lost, confirm_timeout, broker_unavailable, broker_blocked, shutdown).")), []string{"reason"}),
 		LeaseLost: prometheus.NewCounter(prometheus.CounterOpts(opts("lease_lost_rows_total",
 			"Rows a settle left alone because another drainer had taken over their expired lease."))),
 		ClaimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
@@ -38,8 +39,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "batch_size_rows", Help: "Rows returned by one claim.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		InFlight:    prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight_messages", "Messages published and awaiting their confirm."))),
 		LastPublish: prometheus.NewGauge(prometheus.GaugeOpts(opts("last_publish_timestamp_seconds", "Unix time of the last confirmed publish."))),
+		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts(opts("pruned_rows_total",
+			"Rows deleted by retention, by kind (published; unpublished: past unpublishedMaxAge, never delivered).")), []string{"kind"}),
 	}
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
-		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish)
+		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Pruned)
 	return m
 }

@@ -26,14 +26,16 @@ func schemaOf(ctx context.Context, table string) []string {
 }
 
 var _ = Describe("Migrate", Label("integration"), func() {
-	It("creates the canonical table with its claim index, and a second run changes nothing", func(ctx SpecContext) {
+	It("creates the canonical table with its claim and published indexes, and a second run changes nothing", func(ctx SpecContext) {
 		spec := TableSpec{Name: "public." + testenv.UniqueName("outbox")}
 		dropAfterTest(spec.Name)
 		done, err := Migrate(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(done).To(ConsistOf("created table "+spec.Name, "created index "+spec.indexName()))
+		Expect(done).To(ConsistOf("created table "+spec.Name, "created index "+spec.objectName(claimIndexSuffix),
+			"created index "+spec.objectName(publishedIndexSuffix)))
 		before := schemaOf(ctx, spec.Name)
 		Expect(before).To(ContainElement(ContainSubstring("(attempts, enqueued_at) WHERE (published_at IS NULL)")))
+		Expect(before).To(ContainElement(ContainSubstring("(published_at) WHERE (published_at IS NOT NULL)")))
 		Expect(count(ctx, "pg_class", "oid = to_regclass($1) AND reloptions @> '{fillfactor=50}'", spec.Name)).To(Equal(1),
 			"room on each page for claims to be HOT updates")
 
@@ -43,13 +45,38 @@ var _ = Describe("Migrate", Label("integration"), func() {
 		Expect(schemaOf(ctx, spec.Name)).To(Equal(before))
 	})
 
+	It("installs the notify trigger once, and it notifies the drainers' channel once per inserting statement", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		installed, err := InstallNotifyTrigger(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(installed).To(BeTrue())
+		installed, err = InstallNotifyTrigger(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(installed).To(BeFalse(), "a second run changes nothing")
+
+		conn, err := pool.Acquire(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		defer conn.Release()
+		_, err = conn.Exec(ctx, spec.Listen().SQL)
+		Expect(err).NotTo(HaveOccurred())
+		defer conn.Exec(ctx, "UNLISTEN *") //nolint:errcheck
+		seed(ctx, spec.Name, 100)
+		n, err := conn.Conn().WaitForNotification(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(n.Channel).To(Equal(spec.NotifyChannel()))
+		short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+		defer cancel()
+		_, err = conn.Conn().WaitForNotification(short)
+		Expect(err).To(HaveOccurred(), "100 rows in one statement notify once")
+	})
+
 	It("replaces a claim index left invalid by an interrupted build", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
-		exec(ctx, "UPDATE pg_index SET indisvalid = false WHERE indexrelid = to_regclass($1)", "public."+spec.indexName())
+		exec(ctx, "UPDATE pg_index SET indisvalid = false WHERE indexrelid = to_regclass($1)", "public."+spec.objectName(claimIndexSuffix))
 		done, err := Migrate(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(done).To(ConsistOf("created index " + spec.indexName()))
-		Expect(count(ctx, "pg_index", "indexrelid = to_regclass($1) AND indisvalid", "public."+spec.indexName())).To(Equal(1))
+		Expect(done).To(ConsistOf("created index " + spec.objectName(claimIndexSuffix)))
+		Expect(count(ctx, "pg_index", "indexrelid = to_regclass($1) AND indisvalid", "public."+spec.objectName(claimIndexSuffix))).To(Equal(1))
 	})
 
 	It("refuses a table without a payload column rather than inventing one", func(ctx SpecContext) {
@@ -73,7 +100,7 @@ var _ = Describe("Draining existing tables through the column mapping", Label("i
 		before := schemaOf(ctx, name)
 		_, err := Migrate(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(schemaOf(ctx, name)).To(HaveLen(len(before)+1), "only the claim index is added")
+		Expect(schemaOf(ctx, name)).To(HaveLen(len(before)+2), "only the claim and published indexes are added")
 
 		exec(ctx, "INSERT INTO "+name+` (payload) SELECT jsonb_build_object('event_type', 'invoice.paid', 'n', g) FROM generate_series(1, 50) g`)
 		topo := topology("invoice.paid", nil)
@@ -102,10 +129,11 @@ var _ = Describe("Draining existing tables through the column mapping", Label("i
 
 		done, err := Migrate(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(done).To(ConsistOf("added column claimed_at", "added column claimed_by", "created index "+spec.indexName()))
+		Expect(done).To(ConsistOf("added column claimed_at", "added column claimed_by", "created index "+spec.objectName(claimIndexSuffix),
+			"created index "+spec.objectName(publishedIndexSuffix)))
 		after := schemaOf(ctx, name)
 		Expect(after).To(ContainElements(before), "nothing renamed or changed")
-		Expect(after).To(HaveLen(len(before) + 3))
+		Expect(after).To(HaveLen(len(before) + 4))
 
 		exec(ctx, `INSERT INTO `+name+` (aggregate_type, aggregate_id, event_type, payload, headers)
 			SELECT 'order', g::text, 'order.shipped', jsonb_build_object('n', g), jsonb_build_object('aggregate', 'order')

@@ -30,6 +30,8 @@ type pipeline struct {
 	inflight []inflight
 	confirms int // entries awaiting a confirm
 	settle   chan<- *batch
+	// stopBy, once shutdown has begun, cuts every confirm wait short.
+	stopBy time.Time
 }
 
 // add puts a row's entry at the back of the window.
@@ -67,10 +69,15 @@ func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
 		return false
 	}
 	oldest := p.inflight[0]
+	timedOut := releaseConfirmTimeout
 	select {
 	case <-oldest.confirm.Done():
 	default:
-		deadline := time.NewTimer(time.Until(oldest.publishedAt.Add(p.d.cfg.confirmTimeout())))
+		at := oldest.publishedAt.Add(p.d.cfg.confirmTimeout())
+		if !p.stopBy.IsZero() && p.stopBy.Before(at) {
+			at, timedOut = p.stopBy, releaseShutdown
+		}
+		deadline := time.NewTimer(time.Until(at))
 		defer deadline.Stop()
 		select {
 		case <-oldest.confirm.Done():
@@ -82,7 +89,7 @@ func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
 	p.inflight = p.inflight[1:]
 	p.confirms--
 	p.d.metrics.InFlight.Set(float64(p.confirms))
-	oldest.outcome = p.d.classify(oldest)
+	oldest.outcome = p.d.classify(oldest, timedOut)
 	p.pass(oldest)
 	p.passKnown()
 	return true
@@ -98,6 +105,20 @@ func (p *pipeline) waitFor(wake <-chan struct{}) {
 func (p *pipeline) sleep(ctx context.Context, d time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
+	p.waitFor(ctx.Done())
+}
+
+// idle resolves confirms for up to d, or until ctx ends or wake fires.
+func (p *pipeline) idle(ctx context.Context, d time.Duration, wake <-chan struct{}) {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	go func() {
+		select {
+		case <-wake:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	p.waitFor(ctx.Done())
 }
 

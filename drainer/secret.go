@@ -1,8 +1,13 @@
 package drainer
 
 import (
+	"fmt"
 	"net/url"
+	"os"
 	"regexp"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
@@ -21,4 +26,39 @@ func RedactURL(raw string) string {
 		return "(unparseable connection string)"
 	}
 	return raw
+}
+
+// URLSource is a connection URL given inline, for local use, or as the path
+// of a mounted secret file. The file is read at every connect, so a rotated
+// password takes effect at the next reconnect, with no restart.
+type URLSource struct {
+	URL  string
+	File string
+}
+
+// Read returns the URL. An error names the file, never its content.
+func (s URLSource) Read() (string, error) {
+	if s.File == "" {
+		return s.URL, nil
+	}
+	b, err := os.ReadFile(s.File)
+	if err != nil {
+		return "", fmt.Errorf("read URL file: %w", err)
+	}
+	url := strings.TrimSpace(string(b))
+	if url == "" {
+		return "", fmt.Errorf("URL file %s is empty", s.File)
+	}
+	return url, nil
+}
+
+// validate requires exactly one of the URL and the file.
+func (s URLSource) validate(path *field.Path, what string) field.ErrorList {
+	switch {
+	case s.URL == "" && s.File == "":
+		return field.ErrorList{field.Required(path.Child("url"), what+": set the URL or the path of a file holding it")}
+	case s.URL != "" && s.File != "":
+		return field.ErrorList{field.Invalid(path.Child("urlFile"), s.File, "set the URL or the file, not both")}
+	}
+	return nil
 }

@@ -28,22 +28,53 @@ type Store struct {
 }
 
 // ConnectPool opens a pool whose sessions name the drainer in
-// pg_stat_activity and, unless asked otherwise, commit asynchronously.
-func ConnectPool(ctx context.Context, url, drainerID string, synchronousCommit bool) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+// pg_stat_activity and, unless asked otherwise, commit asynchronously. With
+// a URL file, every new connection reads the file again, so a rotated
+// password is picked up as the pool replaces its connections.
+func ConnectPool(ctx context.Context, src URLSource, drainerID string, synchronousCommit bool) (*pgxpool.Pool, error) {
+	url, err := src.Read()
 	if err != nil {
-		// pgx's parse errors can quote the URL, password included.
-		return nil, fmt.Errorf("parse database URL: invalid connection string (%s)", RedactURL(url))
+		return nil, err
+	}
+	cfg, err := parsePoolConfig(url)
+	if err != nil {
+		return nil, err
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "spillway-drainer/" + drainerID
 	if !synchronousCommit {
 		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	}
+	if src.File != "" {
+		cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+			url, err := src.Read()
+			if err != nil {
+				return err
+			}
+			fresh, err := parsePoolConfig(url)
+			if err != nil {
+				return err
+			}
+			// Where and who from the file; the session settings stay ours.
+			f := fresh.ConnConfig
+			cc.Host, cc.Port, cc.Database, cc.User, cc.Password = f.Host, f.Port, f.Database, f.User, f.Password
+			cc.TLSConfig, cc.Fallbacks = f.TLSConfig, f.Fallbacks
+			return nil
+		}
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("open database pool: %w", err)
+		return nil, fmt.Errorf("open database pool: %w", redactError(err, url))
 	}
 	return pool, nil
+}
+
+func parsePoolConfig(url string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// pgx's parse errors can quote the URL, password included.
+		return nil, fmt.Errorf("parse database URL: invalid connection string (%s)", RedactURL(url))
+	}
+	return cfg, nil
 }
 
 // Catalog reads the live columns of the spec's table; none means no table.
@@ -161,3 +192,48 @@ func (s *Store) ReleaseAll(ctx context.Context, drainerID string) (int64, error)
 	}
 	return tag.RowsAffected(), nil
 }
+
+// Prune runs one retention statement in bounded batches until a batch comes
+// back short, and returns how many rows it deleted. Each batch is its own
+// short transaction, so no lock is held for long.
+func (s *Store) Prune(ctx context.Context, stmt Statement, limit int) (int64, error) {
+	var total int64
+	for {
+		tag, err := s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
+		if err != nil {
+			return total, fmt.Errorf("prune %s: %w", s.table.Name(), err)
+		}
+		total += tag.RowsAffected()
+		if tag.RowsAffected() < int64(limit) {
+			return total, nil
+		}
+	}
+}
+
+// Listen holds a connection of its own in LISTEN on the table's notify
+// channel and calls notified after it starts listening (a notification may
+// have been missed before) and on every notification. It returns when the
+// connection fails or ctx ends.
+func (s *Store) Listen(ctx context.Context, spec TableSpec, notified func()) error {
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// Hijacked, the connection leaves the pool for good: a LISTEN session
+	// must not be handed to a claim.
+	conn := pc.Hijack()
+	defer conn.Close(context.WithoutCancel(ctx))
+	if _, err := conn.Exec(ctx, spec.Listen().SQL); err != nil {
+		return fmt.Errorf("listen on %s: %w", spec.NotifyChannel(), err)
+	}
+	notified()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		notified()
+	}
+}
+
+// Ping checks that the database answers.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }

@@ -1,9 +1,12 @@
 package drainer
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -424,15 +427,21 @@ ORDER BY a.attnum`,
 	}
 }
 
-// indexName is the claim index's name, within Postgres's 63-byte limit.
-func (s TableSpec) indexName() string {
+// objectName names an object spillway adds beside the table (an index, a
+// trigger) as the table's name plus a suffix, within Postgres's 63-byte limit.
+func (s TableSpec) objectName(suffix string) string {
 	_, name := s.QualifiedName()
-	const suffix = "_spillway_claim_idx"
 	if len(name)+len(suffix) > 63 {
 		name = name[:63-len(suffix)]
 	}
 	return name + suffix
 }
+
+// The indexes migrate creates.
+const (
+	claimIndexSuffix     = "_spillway_claim_idx"
+	publishedIndexSuffix = "_spillway_published_idx"
+)
 
 // canonicalFillfactor leaves half of each page free when rows are inserted,
 // so that a claim or a release (which change no indexed column) can put the
@@ -483,21 +492,107 @@ func (s TableSpec) AddMissingColumns(catalog []CatalogColumn) (stmt Statement, a
 // The index lives in the table's schema, so its name is unqualified.
 func (t *Table) ClaimIndex(spec TableSpec) Statement {
 	return Statement{SQL: fmt.Sprintf("CREATE INDEX CONCURRENTLY IF NOT EXISTS %s ON %s (%s) WHERE %s IS NULL",
-		q(spec.indexName()), t.ident, t.claimOrder(), q(t.cols.PublishedAt))}
+		q(spec.objectName(claimIndexSuffix)), t.ident, t.claimOrder(), q(t.cols.PublishedAt))}
 }
 
-// ClaimIndexValid renders the look-up of the claim index: present, and
+// PublishedIndex renders the partial index on published_at that retention
+// prunes through: without it, each prune batch would scan the table.
+func (t *Table) PublishedIndex(spec TableSpec) Statement {
+	return Statement{SQL: fmt.Sprintf("CREATE INDEX CONCURRENTLY IF NOT EXISTS %s ON %s (%s) WHERE %s IS NOT NULL",
+		q(spec.objectName(publishedIndexSuffix)), t.ident, q(t.cols.PublishedAt), q(t.cols.PublishedAt))}
+}
+
+// IndexValid renders the look-up of one of spillway's indexes: present, and
 // valid (a failed concurrent build leaves an invalid index behind).
-func (s TableSpec) ClaimIndexValid() Statement {
+func (s TableSpec) IndexValid(suffix string) Statement {
 	schema, _ := s.QualifiedName()
 	return Statement{
 		SQL:  "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)",
-		Args: []any{pgx.Identifier{schema, s.indexName()}.Sanitize()},
+		Args: []any{pgx.Identifier{schema, s.objectName(suffix)}.Sanitize()},
 	}
 }
 
-// DropClaimIndex renders the removal of an invalid claim index.
-func (s TableSpec) DropClaimIndex() Statement {
+// DropIndex renders the removal of an invalid index.
+func (s TableSpec) DropIndex(suffix string) Statement {
 	schema, _ := s.QualifiedName()
-	return Statement{SQL: "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{schema, s.indexName()}.Sanitize()}
+	return Statement{SQL: "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{schema, s.objectName(suffix)}.Sanitize()}
 }
+
+// NotifyChannel is the channel that the insert trigger notifies and the
+// drainer listens on. Postgres refuses channel names of 64 bytes or more, and
+// a failing trigger would fail the application's inserts, so a long name is
+// replaced by a hash of it.
+func (s TableSpec) NotifyChannel() string {
+	schema, name := s.QualifiedName()
+	channel := "spillway." + schema + "." + name
+	if len(channel) > 63 {
+		sum := sha256.Sum256([]byte(schema + "." + name))
+		channel = "spillway." + hex.EncodeToString(sum[:12])
+	}
+	return channel
+}
+
+const notifyTriggerSuffix = "_spillway_notify"
+
+// NotifyTriggerExists renders the look-up of the insert trigger.
+func (s TableSpec) NotifyTriggerExists() Statement {
+	schema, name := s.QualifiedName()
+	return Statement{
+		SQL:  "SELECT count(*) > 0 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2",
+		Args: []any{pgx.Identifier{schema, name}.Sanitize(), s.objectName(notifyTriggerSuffix)},
+	}
+}
+
+// CreateNotifyTrigger renders the statement-level insert trigger that wakes
+// listening drainers: one notification per inserting statement, not per row,
+// and Postgres folds identical notifications of one transaction into one.
+func (s TableSpec) CreateNotifyTrigger() []Statement {
+	schema, name := s.QualifiedName()
+	function := pgx.Identifier{schema, "spillway_notify"}.Sanitize()
+	return []Statement{
+		{SQL: fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	PERFORM pg_notify(TG_ARGV[0], '');
+	RETURN NULL;
+END
+$$`, function)},
+		{SQL: fmt.Sprintf("CREATE TRIGGER %s AFTER INSERT ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s(%s)",
+			q(s.objectName(notifyTriggerSuffix)), pgx.Identifier{schema, name}.Sanitize(), function, quoteLiteral(s.NotifyChannel()))},
+	}
+}
+
+// quoteLiteral quotes a string as an SQL literal. Only used for names that
+// passed the identifier pattern, so there is no backslash to worry about.
+func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+
+// Listen renders the LISTEN on the table's notify channel.
+func (s TableSpec) Listen() Statement { return Statement{SQL: "LISTEN " + q(s.NotifyChannel())} }
+
+// PrunePublished renders one bounded batch of retention: published rows older
+// than the window. SKIP LOCKED, so drainers pruning at once share the work.
+func (t *Table) PrunePublished(window time.Duration, limit int) Statement {
+	return t.prune(fmt.Sprintf("%s < now() - $1 * interval '1 millisecond'", q(t.cols.PublishedAt)),
+		[]any{window.Milliseconds(), limit})
+}
+
+// PruneUnpublished renders one bounded batch of dropping pending rows older
+// than maxAge, by enqueued_at. A row under a live lease is being published
+// right now and is left to its drainer.
+func (t *Table) PruneUnpublished(maxAge, lease time.Duration, limit int) Statement {
+	c := t.cols
+	return t.prune(fmt.Sprintf("%s IS NULL AND %s < now() - $1 * interval '1 millisecond' AND (%s IS NULL OR %s < now() - $3 * interval '1 millisecond')",
+		q(c.PublishedAt), q(c.EnqueuedAt), q(c.ClaimedAt), q(c.ClaimedAt)),
+		[]any{maxAge.Milliseconds(), limit, lease.Milliseconds()})
+}
+
+// prune deletes at most $2 rows matching where, found by ctid as the claim is.
+func (t *Table) prune(where string, args []any) Statement {
+	return Statement{
+		SQL: fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s WHERE %s LIMIT $2 FOR UPDATE SKIP LOCKED))",
+			t.ident, t.ident, where),
+		Args: args,
+	}
+}
+
+// HasEnqueuedAt reports whether the table has an enqueued-at column.
+func (t *Table) HasEnqueuedAt() bool { return t.cols.EnqueuedAt != "" }

@@ -82,7 +82,7 @@ var _ = Describe("Resolving the table mapping", func() {
 
 	It("keeps the index name within Postgres's 63 bytes", func() {
 		spec := TableSpec{Name: "a_very_long_outbox_table_name_that_goes_on_and_on_for_ever_x"}
-		Expect(len(spec.indexName())).To(BeNumerically("<=", 63))
+		Expect(len(spec.objectName(claimIndexSuffix))).To(BeNumerically("<=", 63))
 	})
 
 	It("parses --columns pairs and names an unknown logical column", func() {

@@ -220,7 +220,7 @@ func (b *bench) ceiling(ctx context.Context) (float64, cpuUse) {
 func storeWithoutBroker(ctx context.Context, spec drainer.TableSpec, id string) (*drainer.Store, drainer.ClaimParams, func()) {
 	cfg := drainer.DefaultConfig()
 	cfg.DrainerID, cfg.BatchSize = id, *batchSize
-	pool, err := drainer.ConnectPool(ctx, testenv.DatabaseURL(), id, cfg.SynchronousCommit)
+	pool, err := drainer.ConnectPool(ctx, drainer.URLSource{URL: testenv.DatabaseURL()}, id, cfg.SynchronousCommit)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -344,13 +344,13 @@ func (b *bench) drain(ctx context.Context, spec drainer.TableSpec, n int, tweak 
 	for i := range n {
 		cfg := drainer.DefaultConfig()
 		cfg.DrainerID = fmt.Sprintf("bench-%d", i)
-		cfg.DatabaseURL, cfg.Broker.URL, cfg.Broker.Exchange = testenv.DatabaseURL(), testenv.BrokerURL(), b.topo.Exchange
+		cfg.Database.URL, cfg.Broker.URL, cfg.Broker.Exchange = testenv.DatabaseURL(), testenv.BrokerURL(), b.topo.Exchange
 		cfg.Table, cfg.BatchSize, cfg.PipelineDepth = spec, *batchSize, *depth
 		cfg.LeaseTTL = max(cfg.LeaseTTL, drainer.MinLeaseTTL(*depth))
 		if tweak != nil {
 			tweak(&cfg)
 		}
-		pool, err := drainer.ConnectPool(ctx, cfg.DatabaseURL, cfg.DrainerID, cfg.SynchronousCommit)
+		pool, err := drainer.ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
 		if err != nil {
 			log.Fatal(err)
 		}

@@ -1,0 +1,156 @@
+package drainer
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+var _ = Describe("Fast wake-up", Label("integration"), func() {
+	It("publishes an inserted row well under a second with the notify trigger, while the poll is 10 s", func(ctx SpecContext) {
+		notified, polled := canonicalOutbox(ctx), canonicalOutbox(ctx)
+		_, err := InstallNotifyTrigger(ctx, pool, notified)
+		Expect(err).NotTo(HaveOccurred())
+		topo := topology("#", nil)
+		var drainers []*running
+		for _, spec := range []TableSpec{notified, polled} {
+			cfg := testConfig(testenv.UniqueName("drainer"), spec, topo.Exchange)
+			cfg.PollInterval = 10 * time.Second
+			drainers = append(drainers, startDrainer(ctx, cfg))
+		}
+		for _, d := range drainers { // both have made their first claim and sit in the 10 s poll
+			Eventually(func() uint64 { return histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") }).Should(BeNumerically(">=", 1))
+		}
+
+		start := time.Now()
+		seed(ctx, notified.Name, 1)
+		Eventually(func() int { return count(ctx, notified.Name, "published_at IS NOT NULL") }, time.Second, 5*time.Millisecond).Should(Equal(1))
+		GinkgoWriter.Printf("insert to published: %s\n", time.Since(start))
+
+		seed(ctx, polled.Name, 1)
+		Consistently(func() int { return count(ctx, polled.Name, "published_at IS NOT NULL") }, time.Second).Should(BeZero(),
+			"without the trigger the row waits for the poll: the fast path above was the notification")
+	})
+})
+
+var _ = Describe("Retention", Label("integration"), func() {
+	It("deletes only what its windows allow", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, enqueued_at, published_at, claimed_at, claimed_by, attempts) VALUES
+			('old.published',   '{}', now() - interval '3 hours', now() - interval '2 hours', NULL, NULL, 0),
+			('young.published', '{}', now() - interval '3 hours', now() - interval '30 minutes', NULL, NULL, 0),
+			('old.poisoned',    '{}', now() - interval '5 days', NULL, NULL, NULL, 10),
+			('old.leased',      '{}', now() - interval '5 days', NULL, now(), 'drainer-z', 0),
+			('young.poisoned',  '{}', now() - interval '1 hour', NULL, NULL, NULL, 10)`)
+		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		published, unpublished := time.Hour, 24*time.Hour
+		cfg.Retention = Retention{Published: &published, UnpublishedMaxAge: &unpublished, Interval: 50 * time.Millisecond, BatchSize: 1}
+		d := startDrainer(ctx, cfg)
+
+		Eventually(func() int { return count(ctx, spec.Name, "true") }, drainTimeout).Should(Equal(3))
+		Consistently(func() []string { return eventTypes(ctx, spec.Name) }, 300*time.Millisecond).
+			Should(ConsistOf("young.published", "old.leased", "young.poisoned"),
+				"a published row inside its window, a row under a live lease, a pending row inside unpublishedMaxAge")
+		Expect(testutil.ToFloat64(d.metrics.Pruned.WithLabelValues("published"))).To(Equal(1.0))
+		Expect(testutil.ToFloat64(d.metrics.Pruned.WithLabelValues("unpublished"))).To(Equal(1.0))
+	})
+
+	It("refuses an unpublishedMaxAge on a table without an enqueued-at column", func(ctx SpecContext) {
+		name := "public." + testenv.UniqueName("bare_outbox")
+		exec(ctx, `CREATE TABLE `+name+` (id bigserial PRIMARY KEY, payload jsonb NOT NULL, event_type text,
+			published_at timestamptz, claimed_at timestamptz, claimed_by text, attempts int NOT NULL DEFAULT 0)`)
+		dropAfterTest(name)
+		cfg := testConfig("drainer-a", TableSpec{Name: name}, "amq.topic")
+		day := 24 * time.Hour
+		cfg.Retention.UnpublishedMaxAge = &day
+		store, err := OpenStore(ctx, pool, cfg.Table)
+		Expect(err).NotTo(HaveOccurred())
+		_, err = New(cfg, store, NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
+		Expect(err).To(MatchError(ContainSubstring(`retention.unpublishedMaxAge: Invalid value: "24h0m0s": needs an enqueuedAt column`)))
+	})
+})
+
+// eventTypes lists the event_type of every row of table.
+func eventTypes(ctx context.Context, table string) []string {
+	rows, err := pool.Query(ctx, "SELECT event_type FROM "+table)
+	Expect(err).NotTo(HaveOccurred())
+	var out []string
+	for rows.Next() {
+		var s string
+		Expect(rows.Scan(&s)).To(Succeed())
+		out = append(out, s)
+	}
+	return out
+}
+
+var _ = Describe("Database URL from a file", Label("integration"), func() {
+	It("reads the file again for every new connection, so a rotated secret needs no restart", func(ctx SpecContext) {
+		role := testenv.UniqueName("spillway_rotated")
+		exec(ctx, "CREATE ROLE "+role+" LOGIN")
+		DeferCleanup(func(ctx SpecContext) { exec(ctx, "DROP ROLE IF EXISTS "+role) })
+		file := filepath.Join(GinkgoT().TempDir(), "database-url")
+		Expect(os.WriteFile(file, []byte(testenv.DatabaseURL()+"\n"), 0o600)).To(Succeed())
+		id := testenv.UniqueName("drainer")
+		rotating, err := ConnectPool(ctx, URLSource{File: file}, id, false)
+		Expect(err).NotTo(HaveOccurred())
+		defer rotating.Close()
+		currentUser := func() string {
+			var u string
+			_ = rotating.QueryRow(ctx, "SELECT current_user").Scan(&u)
+			return u
+		}
+		Expect(currentUser()).To(Equal("postgres"))
+
+		rotated := "postgres://" + role + "@127.0.0.1:5432/test?sslmode=disable"
+		Expect(os.WriteFile(file, []byte(rotated), 0o600)).To(Succeed())
+		exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", "spillway-drainer/"+id)
+		Eventually(currentUser, 10*time.Second, 50*time.Millisecond).Should(Equal(role))
+	})
+})
+
+var _ = Describe("Graceful shutdown", Label("integration"), func() {
+	It("stops claiming, settles what was confirmed, releases the rest and returns within the shutdown timeout", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		seed(ctx, spec.Name, 20_000)
+		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		cfg.ShutdownTimeout = 5 * time.Second
+		d := newDrainer(ctx, cfg).start()
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout, 10*time.Millisecond).
+			Should(BeNumerically(">=", 1000))
+
+		stopped := time.Now()
+		d.stop()
+		Eventually(d.done, cfg.ShutdownTimeout).Should(Receive(BeNil()))
+		GinkgoWriter.Printf("stopped in %s\n", time.Since(stopped))
+		Expect(count(ctx, spec.Name, "claimed_by IS NOT NULL AND published_at IS NULL")).To(BeZero(), "no claim left behind")
+		Expect(count(ctx, spec.Name, "attempts > 0")).To(BeZero())
+		published := count(ctx, spec.Name, "published_at IS NOT NULL")
+		Expect(published).To(BeNumerically("<", 20_000), "stopped mid-drain")
+		Expect(testenv.QueueDepth(amqpChannel(), topo.Queue)).To(BeNumerically(">=", published), "every row marked published was confirmed")
+	})
+})
+
+var _ = Describe("Readiness", Label("integration"), func() {
+	It("is ready once the broker is connected and the database answers, and not after the broker connection closes", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		d := newDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+		Expect(d.Ready(ctx)).To(MatchError("broker not connected"))
+		d.start()
+		Eventually(func() error { return d.Ready(ctx) }, drainTimeout).Should(Succeed())
+		d.current.Load().close()
+		Expect(d.Ready(ctx)).To(MatchError("broker not connected"))
+		Eventually(func() error { return d.Ready(ctx) }, drainTimeout).Should(Succeed(), "reconnected")
+	})
+})
