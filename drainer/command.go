@@ -126,13 +126,16 @@ func DrainCommand(ctx context.Context, args []string) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil))
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("drainer", cfg.DrainerID)
 	pool, err := ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	store, err := openStoreRetrying(ctx, pool, cfg.Table, log)
+	if ctx.Err() != nil {
+		return nil // stopped before it started
+	}
 	if err != nil {
 		return err
 	}
@@ -151,7 +154,7 @@ func DrainCommand(ctx context.Context, args []string) error {
 		}()
 		defer srv.Close()
 	}
-	log.Info("Drainer started", "drainer", cfg.DrainerID, "table", store.Table().Name(),
+	log.Info("Drainer started", "table", store.Table().Name(),
 		"database", RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File,
 		"broker", RedactURL(cfg.Broker.URL), "brokerFile", cfg.Broker.File, "exchange", cfg.Broker.Exchange)
 	return d.Run(ctx)

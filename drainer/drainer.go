@@ -84,7 +84,7 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		cfg:         cfg,
 		store:       store,
 		metrics:     metrics,
-		log:         log.With("drainer", cfg.DrainerID, "table", store.Table().Name()),
+		log:         log.With("table", store.Table().Name()),
 		contentType: contentType,
 		wake:        make(chan struct{}, 1),
 	}, nil

@@ -1,5 +1,6 @@
 // Package e2e runs the spillway binary as a user does, against the local
-// Postgres and RabbitMQ.
+// Postgres and RabbitMQ. The faults that take a shared service down live in
+// test/faults, which runs on its own.
 package e2e
 
 import (
@@ -7,6 +8,7 @@ import (
 	"context"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"syscall"
 	"testing"
 	"time"
@@ -33,67 +35,61 @@ var (
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
-	var err error
-	spillway, err = gexec.Build("github.com/spillway-io/spillway")
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(gexec.CleanupBuildArtifacts)
+	spillway = testenv.BuildSpillway()
 	services, err := testenv.Connect(ctx)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(services.Close)
 	pool, amqpConn = services.DB, services.Broker
 })
 
-// start runs spillway with args; the process is killed when the test ends.
-func start(args ...string) *gexec.Session {
-	cmd := exec.Command(spillway, args...)
-	cmd.Env = append(os.Environ(), "DATABASE_URL=", "BROKER_URL=", "POD_NAME=")
-	s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(func() { s.Kill().Wait(10 * time.Second) })
-	return s
-}
+func start(args ...string) *gexec.Session { return testenv.Start(spillway, args...) }
 
 func count(ctx context.Context, table, where string) int {
-	var n int
-	Expect(pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE "+where).Scan(&n)).To(Succeed())
-	return n
+	return testenv.Count(ctx, pool, table, where)
 }
 
-func newOutbox(ctx context.Context) string {
-	table := "public." + testenv.UniqueName("e2e_outbox")
-	DeferCleanup(func(ctx SpecContext) {
-		_, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+table)
-		Expect(err).NotTo(HaveOccurred())
+// topology declares an exchange and a bound queue for the current test.
+func topology() (*amqp.Channel, testenv.Topology) {
+	ch, err := amqpConn.Channel()
+	Expect(err).NotTo(HaveOccurred())
+	topo, err := testenv.DeclareTopology(ch, "#", nil)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() {
+		topo.Delete(ch)
+		_ = ch.Close()
 	})
-	s := start("migrate", "--database-url", testenv.DatabaseURL(), "--table", table)
-	Eventually(s, 30*time.Second).Should(gexec.Exit(0))
-	Expect(s.Out).To(gbytes.Say("created table " + table))
-	return table
+	return ch, topo
+}
+
+// drain starts a drain process on table, publishing to exchange.
+func drain(table, exchange, id string, extra ...string) *gexec.Session {
+	args := []string{"drain", "--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(),
+		"--table", table, "--exchange", exchange, "--drainer-id", id, "--poll-interval", "100ms"}
+	return start(append(args, extra...)...)
+}
+
+// rabbitmqctl runs one rabbitmqctl command.
+func rabbitmqctl(args ...string) {
+	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "rabbitmqctl %v: %s", args, out)
 }
 
 var _ = Describe("spillway", Label("e2e"), func() {
 	It("migrates an outbox, and a second migrate reports it up to date", func(ctx SpecContext) {
-		table := newOutbox(ctx)
+		table := testenv.Migrate(spillway, pool, "e2e_outbox")
 		s := start("migrate", "--database-url", testenv.DatabaseURL(), "--table", table)
 		Eventually(s, 30*time.Second).Should(gexec.Exit(0))
 		Expect(s.Out).To(gbytes.Say(table + " is up to date"))
 	})
 
 	It("drains an outbox with two drain processes, which exit 0 on SIGTERM and leave no claim behind", func(ctx SpecContext) {
-		table := newOutbox(ctx)
-		ch, err := amqpConn.Channel()
-		Expect(err).NotTo(HaveOccurred())
-		defer ch.Close()
-		topo, err := testenv.DeclareTopology(ch, "#", nil)
-		Expect(err).NotTo(HaveOccurred())
-		defer topo.Delete(ch)
-		_, err = pool.Exec(ctx, "INSERT INTO "+table+" (event_type, payload) SELECT 'order.created', jsonb_build_object('n', g) FROM generate_series(1, 5000) g")
-		Expect(err).NotTo(HaveOccurred())
+		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		ch, topo := topology()
+		testenv.Seed(ctx, pool, table, 5000)
 
 		var drainers []*gexec.Session
 		for _, id := range []string{"e2e-a", "e2e-b"} {
-			drainers = append(drainers, start("drain", "--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(),
-				"--table", table, "--exchange", topo.Exchange, "--drainer-id", id, "--metrics-addr", "", "--poll-interval", "100ms"))
+			drainers = append(drainers, drain(table, topo.Exchange, id, "--metrics-addr", ""))
 		}
 		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 60*time.Second, 100*time.Millisecond).Should(BeZero())
 		Expect(testenv.QueueDepth(ch, topo.Queue)).To(Equal(5000))
@@ -107,22 +103,118 @@ var _ = Describe("spillway", Label("e2e"), func() {
 		Expect(count(ctx, table, "published_at IS NULL AND claimed_by IS NOT NULL")).To(BeZero())
 	})
 
+	It("on SIGTERM mid-drain, exits 0 within the shutdown timeout and leaves no claimed rows", func(ctx SpecContext) {
+		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		_, topo := topology()
+		testenv.Seed(ctx, pool, table, 100_000)
+		d := drain(table, topo.Exchange, "e2e-term", "--metrics-addr", "", "--shutdown-timeout", "5s")
+		Eventually(func() int { return count(ctx, table, "published_at IS NOT NULL") }, 60*time.Second, 20*time.Millisecond).
+			Should(BeNumerically(">=", 2000))
+
+		Expect(d.Command.Process.Signal(syscall.SIGTERM)).To(Succeed())
+		signalled := time.Now()
+		Eventually(d, 5*time.Second, 10*time.Millisecond).Should(gexec.Exit(0))
+		GinkgoWriter.Printf("exited %s after SIGTERM\n", time.Since(signalled))
+		Expect(count(ctx, table, "published_at IS NULL")).To(BeNumerically(">", 0), "stopped mid-drain")
+		Expect(count(ctx, table, "published_at IS NULL AND claimed_by IS NOT NULL")).To(BeZero(), "no claim left behind")
+		Expect(count(ctx, table, "attempts > 0")).To(BeZero())
+	})
+
+	It("re-claims the rows of a drainer killed with SIGKILL once their lease expires, losing none", func(ctx SpecContext) {
+		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		ch, topo := topology()
+		testenv.Seed(ctx, pool, table, 20_000)
+		// The shortest lease the rule allows for a depth of 8: 2.4 s.
+		lease := []string{"--lease-ttl", "3s", "--pipeline-depth", "8", "--metrics-addr", ""}
+		victim := drain(table, topo.Exchange, "e2e-victim", lease...)
+		Eventually(func() int { return count(ctx, table, "published_at IS NOT NULL") }, 60*time.Second, 10*time.Millisecond).
+			Should(BeNumerically(">=", 1000))
+		Expect(victim.Command.Process.Signal(syscall.SIGKILL)).To(Succeed())
+		Eventually(victim, 5*time.Second).Should(gexec.Exit())
+		orphaned := count(ctx, table, "published_at IS NULL AND claimed_by = 'e2e-victim'")
+		Expect(orphaned).To(BeNumerically(">", 0), "the killed drainer left claims behind")
+
+		drain(table, topo.Exchange, "e2e-heir", lease...)
+		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 120*time.Second, 100*time.Millisecond).Should(BeZero())
+		Expect(count(ctx, table, "attempts > 0")).To(BeZero())
+		missing, duplicates := testenv.Undelivered(ch, topo.Queue, testenv.IDs(ctx, pool, table), 60*time.Second)
+		Expect(missing).To(BeEmpty(), "rows never delivered")
+		GinkgoWriter.Printf("orphaned claims: %d, duplicates delivered: %d\n", orphaned, duplicates)
+	})
+
+	It("serves /healthz, /readyz and /metrics on one port", func(ctx SpecContext) {
+		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		_, topo := topology()
+		testenv.Seed(ctx, pool, table, 100)
+		addr := testenv.FreeAddr()
+		drain(table, topo.Exchange, "e2e-probes", "--metrics-addr", addr)
+		Eventually(func() int { return testenv.Probe(addr, "/healthz") }, 10*time.Second).Should(Equal(200))
+		Eventually(func() int { return testenv.Probe(addr, "/readyz") }, 10*time.Second).Should(Equal(200))
+		Eventually(func() (float64, error) { return testenv.Metric(addr, "spillway_drainer_published_rows_total") }, 30*time.Second).
+			Should(Equal(100.0))
+	})
+
+	It("reads a rotated broker password from its file when the broker connection restarts", func(ctx SpecContext) {
+		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		ch, topo := topology()
+		user := testenv.UniqueName("spillway_rotation")
+		rabbitmqctl("add_user", user, "first-password")
+		DeferCleanup(func() { rabbitmqctl("delete_user", user) })
+		rabbitmqctl("set_permissions", user, ".*", ".*", ".*")
+		file := filepath.Join(GinkgoT().TempDir(), "broker-url")
+		writeURL := func(password string) {
+			Expect(os.WriteFile(file, []byte("amqp://"+user+":"+password+"@127.0.0.1:5672/\n"), 0o600)).To(Succeed())
+		}
+		writeURL("first-password")
+		d := start("drain", "--database-url", testenv.DatabaseURL(), "--broker-url-file", file, "--table", table,
+			"--exchange", topo.Exchange, "--drainer-id", "e2e-rotation", "--poll-interval", "100ms", "--metrics-addr", "")
+		testenv.Seed(ctx, pool, table, 100)
+		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 30*time.Second).Should(BeZero())
+
+		rabbitmqctl("change_password", user, "second-password")
+		writeURL("second-password")
+		rabbitmqctl("close_all_user_connections", user, "password rotated")
+		testenv.Seed(ctx, pool, table, 100)
+		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 60*time.Second).Should(BeZero())
+		Expect(testenv.QueueDepth(ch, topo.Queue)).To(BeNumerically(">=", 200))
+		Expect(d.Err).To(gbytes.Say("Broker closed the connection"))
+		Expect(d.Err).To(gbytes.Say("Connected to broker"), "reconnected with the password the old one no longer matches")
+	})
+
 	It("exits non-zero naming the field, the value and the rule for a bad flag", func() {
 		s := start("drain", "--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(), "--batch-size", "0")
 		Eventually(s, 10*time.Second).Should(gexec.Exit(1))
 		Expect(s.Err).To(gbytes.Say("batchSize: Invalid value: 0: must be greater than 0"))
 	})
 
-	It("never prints a password from its connection URLs, even while the broker refuses it", func(ctx SpecContext) {
-		table := newOutbox(ctx)
+	It("refuses a zero retention window, which would delete the pending set", func() {
+		s := start("drain", "--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(), "--drainer-id", "x",
+			"--retention-unpublished-max-age", "0s")
+		Eventually(s, 10*time.Second).Should(gexec.Exit(1))
+		Expect(s.Err).To(gbytes.Say(`retention.unpublishedMaxAge: Invalid value: "0s": must be greater than 0`))
+	})
+
+	It("never prints a password from its connection URLs, through database and broker connection failures", func(ctx SpecContext) {
+		table := testenv.Migrate(spillway, pool, "e2e_outbox")
 		const sentinel = "Sentinel-7f3a9c"
-		s := start("drain", "--database-url", "postgres://postgres:"+sentinel+"@127.0.0.1:5432/test?sslmode=disable",
+		goodDatabase := "postgres://postgres:" + sentinel + "@127.0.0.1:5432/test?sslmode=disable"
+		refusingBroker := start("drain", "--database-url", goodDatabase,
 			"--broker-url", "amqp://guest:"+sentinel+"@127.0.0.1:1/", "--table", table, "--exchange", "amq.topic",
-			"--drainer-id", "e2e-secret", "--metrics-addr", "")
-		Eventually(s.Err, 10*time.Second).Should(gbytes.Say("Broker unavailable"))
-		Expect(s.Command.Process.Signal(syscall.SIGTERM)).To(Succeed())
-		Eventually(s, 10*time.Second).Should(gexec.Exit(0))
-		Expect(bytes.Contains(s.Out.Contents(), []byte(sentinel))).To(BeFalse())
-		Expect(bytes.Contains(s.Err.Contents(), []byte(sentinel))).To(BeFalse())
+			"--drainer-id", "e2e-secret-broker", "--metrics-addr", "")
+		wrongPassword := start("drain", "--database-url", goodDatabase,
+			"--broker-url", "amqp://guest:"+sentinel+"@127.0.0.1:5672/", "--table", table, "--exchange", "amq.topic",
+			"--drainer-id", "e2e-secret-auth", "--metrics-addr", "")
+		refusingDatabase := start("drain", "--database-url", "postgres://postgres:"+sentinel+"@127.0.0.1:1/test",
+			"--broker-url", "amqp://guest:"+sentinel+"@127.0.0.1:5672/", "--table", table, "--exchange", "amq.topic",
+			"--drainer-id", "e2e-secret-db", "--metrics-addr", "")
+		Eventually(refusingBroker.Err, 10*time.Second).Should(gbytes.Say("Broker unavailable"))
+		Eventually(wrongPassword.Err, 10*time.Second).Should(gbytes.Say("Broker unavailable"))
+		Eventually(refusingDatabase.Err, 10*time.Second).Should(gbytes.Say("Database unavailable at start"))
+		for _, s := range []*gexec.Session{refusingBroker, wrongPassword, refusingDatabase} {
+			Expect(s.Command.Process.Signal(syscall.SIGTERM)).To(Succeed())
+			Eventually(s, 10*time.Second).Should(gexec.Exit(0))
+			Expect(bytes.Contains(s.Out.Contents(), []byte(sentinel))).To(BeFalse())
+			Expect(bytes.Contains(s.Err.Contents(), []byte(sentinel))).To(BeFalse())
+		}
 	})
 })

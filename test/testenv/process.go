@@ -1,0 +1,143 @@
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gexec"
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// BuildSpillway builds the spillway binary for a suite that runs it as a
+// process; the artifacts are removed when the suite ends.
+func BuildSpillway() string {
+	bin, err := gexec.Build("github.com/spillway-io/spillway")
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(gexec.CleanupBuildArtifacts)
+	return bin
+}
+
+// Start runs bin with args, with none of the environment's connection
+// defaults; the process is killed when the test ends.
+func Start(bin string, args ...string) *gexec.Session {
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL=", "BROKER_URL=", "POD_NAME=")
+	s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { s.Kill().Wait(10 * time.Second) })
+	return s
+}
+
+// Migrate runs spillway migrate on a fresh canonical table, dropped when the
+// test ends, and returns its name.
+func Migrate(bin string, db *pgxpool.Pool, prefix string, extra ...string) string {
+	table := "public." + UniqueName(prefix)
+	DeferCleanup(func(ctx SpecContext) {
+		_, err := db.Exec(ctx, "DROP TABLE IF EXISTS "+table)
+		Expect(err).NotTo(HaveOccurred())
+	})
+	s := Start(bin, append([]string{"migrate", "--database-url", DatabaseURL(), "--table", table}, extra...)...)
+	Eventually(s, 30*time.Second).Should(gexec.Exit(0))
+	return table
+}
+
+// Seed inserts n rows with routing key order.created.
+func Seed(ctx context.Context, db *pgxpool.Pool, table string, n int) {
+	_, err := db.Exec(ctx, "INSERT INTO "+table+" (event_type, payload) SELECT 'order.created', jsonb_build_object('n', g) FROM generate_series(1, $1) g", n)
+	Expect(err).NotTo(HaveOccurred())
+}
+
+// Count is the number of rows of table matching where.
+func Count(ctx context.Context, db *pgxpool.Pool, table, where string, args ...any) int {
+	var n int
+	Expect(db.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE "+where, args...).Scan(&n)).To(Succeed())
+	return n
+}
+
+// IDs lists the ids of every row of table.
+func IDs(ctx context.Context, db *pgxpool.Pool, table string) []string {
+	rows, err := db.Query(ctx, "SELECT id::text FROM "+table)
+	Expect(err).NotTo(HaveOccurred())
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	Expect(err).NotTo(HaveOccurred())
+	return ids
+}
+
+// Undelivered consumes queue until every id in want has arrived, or until
+// timeout, and returns the ids that never did and how many duplicates came.
+// At-least-once delivery allows duplicates; it does not allow a missing id.
+func Undelivered(ch *amqp.Channel, queue string, want []string, timeout time.Duration) (missing []string, duplicates int) {
+	Expect(ch.Qos(1000, 0, false)).To(Succeed())
+	tag := UniqueName("consumer")
+	deliveries, err := ch.Consume(queue, tag, true, true, false, false, nil)
+	Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = ch.Cancel(tag, false) }()
+	pending := make(map[string]bool, len(want))
+	for _, id := range want {
+		pending[id] = true
+	}
+	seen := map[string]bool{}
+	deadline := time.After(timeout)
+	for len(pending) > 0 {
+		select {
+		case d := <-deliveries:
+			if seen[d.MessageId] {
+				duplicates++
+			}
+			seen[d.MessageId] = true
+			delete(pending, d.MessageId)
+		case <-deadline:
+			for id := range pending {
+				missing = append(missing, id)
+			}
+			return missing, duplicates
+		}
+	}
+	return nil, duplicates
+}
+
+// FreeAddr is a loopback address with a port nothing listens on.
+func FreeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// Metric reads one unlabelled sample from a drainer's /metrics.
+func Metric(addr, name string) (float64, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	scanner := bufio.NewScanner(resp.Body)
+	for scanner.Scan() {
+		if value, ok := strings.CutPrefix(scanner.Text(), name+" "); ok {
+			return strconv.ParseFloat(value, 64)
+		}
+	}
+	return 0, fmt.Errorf("%s not in /metrics", name)
+}
+
+// Probe is the status code of a GET on a drainer's health endpoint.
+func Probe(addr, path string) int {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	return resp.StatusCode
+}
