@@ -22,10 +22,15 @@ build: ## Build bin/spillway.
 services: ## Start the local Postgres and RabbitMQ if they are installed but stopped.
 	@hack/services.sh
 
+# The fault suite stops RabbitMQ, raises its memory alarm and kills Postgres
+# sessions, so it runs alone, after the others.
+FAULTS      := ./test/faults
+
 .PHONY: test
-test: services ## Run every test suite against the local Postgres and RabbitMQ.
+test: services ## Run every test suite against the local Postgres and RabbitMQ, the fault suite last.
 	$(GO) vet ./...
-	$(GO) test $(TEST_FLAGS) ./...
+	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$')
+	$(GO) test $(TEST_FLAGS) $(FAULTS)
 
 .PHONY: bench
 bench: services ## Measure broker ceiling, drainer throughput and claim latency; prints ratios.

@@ -33,4 +33,9 @@ if ! rabbitmq-diagnostics -q check_port_connectivity >/dev/null 2>&1; then
   fi
   wait_for "RabbitMQ port" rabbitmq-diagnostics -q check_port_connectivity
 fi
+# A memory alarm left by an interrupted fault run would block every publisher.
+if ! rabbitmq-diagnostics -q check_local_alarms >/dev/null 2>&1; then
+  echo "services: clearing a RabbitMQ resource alarm (memory watermark back to 0.4)"
+  rabbitmqctl -q set_vm_memory_high_watermark 0.4
+fi
 echo "services: PostgreSQL and RabbitMQ are up"

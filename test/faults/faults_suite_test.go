@@ -1,0 +1,167 @@
+// Package faults takes the shared services down under running drainer
+// processes: it stops RabbitMQ, raises its memory alarm and kills Postgres
+// sessions. It runs on its own, after the other suites (make test), and puts
+// every service back even when a spec fails.
+package faults
+
+import (
+	"context"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gexec"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+func TestFaults(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Faults Suite")
+}
+
+var (
+	spillway string
+	pool     *pgxpool.Pool
+)
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	spillway = testenv.BuildSpillway()
+	services, err := testenv.Connect(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	services.Broker.Close() // each spec dials its own: a broker restart closes connections
+	pool = services.DB
+	DeferCleanup(pool.Close)
+})
+
+// fleet is one test's outbox, exchange and queue, with rows to drain.
+type fleet struct {
+	table string
+	topo  testenv.Topology
+}
+
+func newFleet(ctx context.Context, rows int) fleet {
+	f := fleet{table: testenv.Migrate(spillway, pool, "fault_outbox")}
+	withChannel(func(ch *amqp.Channel) {
+		var err error
+		f.topo, err = testenv.DeclareTopology(ch, "#", nil)
+		Expect(err).NotTo(HaveOccurred())
+	})
+	DeferCleanup(func() { withChannel(f.topo.Delete) })
+	testenv.Seed(ctx, pool, f.table, rows)
+	return f
+}
+
+// withChannel runs f on a channel of a fresh connection.
+func withChannel(f func(ch *amqp.Channel)) {
+	conn, err := amqp.Dial(testenv.BrokerURL())
+	Expect(err).NotTo(HaveOccurred())
+	defer conn.Close()
+	ch, err := conn.Channel()
+	Expect(err).NotTo(HaveOccurred())
+	f(ch)
+}
+
+// drain starts a drainer process serving its metrics and probes on addr.
+func (f fleet) drain(id, addr string, extra ...string) *gexec.Session {
+	args := []string{"drain", "--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(),
+		"--table", f.table, "--exchange", f.topo.Exchange, "--drainer-id", id, "--metrics-addr", addr}
+	return testenv.Start(spillway, append(args, extra...)...)
+}
+
+func (f fleet) count(ctx context.Context, where string) int {
+	return testenv.Count(ctx, pool, f.table, where)
+}
+
+// waitPublished waits until at least n rows are published: mid-drain.
+func (f fleet) waitPublished(ctx context.Context, n int) {
+	Eventually(func() int { return f.count(ctx, "published_at IS NOT NULL") }, 60*time.Second, 10*time.Millisecond).
+		Should(BeNumerically(">=", n))
+}
+
+// expectDelivered waits for the drain to finish and checks that every row
+// reached the queue, with no attempt counted against any row.
+func (f fleet) expectDelivered(ctx context.Context) {
+	Eventually(func() int { return f.count(ctx, "published_at IS NULL") }, 3*time.Minute, 100*time.Millisecond).Should(BeZero())
+	Expect(f.count(ctx, "attempts > 0")).To(BeZero(), "the fault bumped attempts")
+	withChannel(func(ch *amqp.Channel) {
+		missing, duplicates := testenv.Undelivered(ch, f.topo.Queue, testenv.IDs(ctx, pool, f.table), 2*time.Minute)
+		Expect(missing).To(BeEmpty(), "rows lost")
+		GinkgoWriter.Printf("every row delivered; %d duplicates\n", duplicates)
+	})
+}
+
+func rabbitmqctl(args ...string) string {
+	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "rabbitmqctl %v: %s", args, out)
+	return strings.TrimSpace(string(out))
+}
+
+var _ = Describe("Faults", Label("faults"), Serial, func() {
+	It("finishes the drain after RabbitMQ is stopped for 20 s, losing no row and counting no attempt", func(ctx SpecContext) {
+		f := newFleet(ctx, 30_000)
+		addr := testenv.FreeAddr()
+		f.drain("fault-outage", addr)
+		f.waitPublished(ctx, 2000)
+
+		rabbitmqctl("stop_app")
+		stopped := time.Now()
+		DeferCleanup(func() { rabbitmqctl("start_app") }) // start_app on a running app is a no-op
+		Eventually(func() int { return testenv.Probe(addr, "/readyz") }, 10*time.Second).Should(Equal(503))
+		Eventually(func() int { return f.count(ctx, "claimed_by IS NOT NULL AND published_at IS NULL") }, 30*time.Second).
+			Should(BeZero(), "claims released while the broker is down")
+		Expect(f.count(ctx, "published_at IS NULL")).To(BeNumerically(">", 0), "stopped mid-drain")
+		time.Sleep(time.Until(stopped.Add(20 * time.Second)))
+		rabbitmqctl("start_app")
+
+		f.expectDelivered(ctx)
+		Expect(testenv.Probe(addr, "/readyz")).To(Equal(200))
+	})
+
+	It("takes no claim while the broker blocks publishing under a memory alarm, then finishes the drain", func(ctx SpecContext) {
+		f := newFleet(ctx, 30_000)
+		addr := testenv.FreeAddr()
+		// Depth 16 allows a 6 s lease, so a stalled confirm is released after 2 s.
+		f.drain("fault-blocked", addr, "--pipeline-depth", "16", "--lease-ttl", "6s")
+		f.waitPublished(ctx, 2000)
+
+		watermark := rabbitmqctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
+		rabbitmqctl("set_vm_memory_high_watermark", "0.0000001")
+		DeferCleanup(func() { rabbitmqctl("set_vm_memory_high_watermark", watermark) })
+		Eventually(func() int { return testenv.Probe(addr, "/readyz") }, 30*time.Second, 10*time.Millisecond).Should(Equal(503))
+		Eventually(func() int { return f.count(ctx, "claimed_by IS NOT NULL AND published_at IS NULL") }, 30*time.Second).
+			Should(BeZero(), "claims in flight released after their confirm deadline")
+		claimed, err := testenv.Metric(addr, "spillway_drainer_claimed_rows_total")
+		Expect(err).NotTo(HaveOccurred())
+		Consistently(func() (float64, error) { return testenv.Metric(addr, "spillway_drainer_claimed_rows_total") }, 5*time.Second, 100*time.Millisecond).
+			Should(Equal(claimed), "no claims while blocked")
+		Expect(f.count(ctx, "attempts > 0")).To(BeZero())
+
+		rabbitmqctl("set_vm_memory_high_watermark", watermark)
+		f.expectDelivered(ctx)
+	})
+
+	It("recovers from its Postgres sessions being terminated mid-drain, losing no row", func(ctx SpecContext) {
+		f := newFleet(ctx, 30_000)
+		f.drain("fault-terminated", "")
+		f.waitPublished(ctx, 2000)
+
+		var killed int
+		for range 5 {
+			var n int
+			Expect(pool.QueryRow(ctx, `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = $1`,
+				"spillway-drainer/fault-terminated").Scan(&n)).To(Succeed())
+			killed += n
+			time.Sleep(200 * time.Millisecond)
+		}
+		Expect(killed).To(BeNumerically(">=", 5), "sessions were terminated")
+		Expect(f.count(ctx, "published_at IS NULL")).To(BeNumerically(">", 0), "terminated mid-drain")
+
+		f.expectDelivered(ctx)
+	})
+})
