@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"context"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -35,5 +36,25 @@ var _ = Describe("spillway drain flags", func() {
 		Expect(cfg.PipelineDepth).To(Equal(64))
 		Expect(cfg.LeaseTTL.String()).To(Equal("30s"))
 		Expect(cfg.SynchronousCommit).To(BeFalse())
+		Expect(cfg.ShutdownTimeout.String()).To(Equal("30s"))
+		Expect(cfg.Retention.Published).To(BeNil(), "kept forever unless set")
+		Expect(cfg.Retention.UnpublishedMaxAge).To(BeNil())
+	})
+
+	It("takes secrets as files and retention windows as durations", func() {
+		cfg := DefaultConfig()
+		fs := newFlagSet(&cfg)
+		Expect(fs.Parse([]string{"--database-url-file=/var/run/secrets/db/url", "--broker-url-file=/var/run/secrets/amqp/url",
+			"--retention-published=168h", "--retention-unpublished-max-age=720h", "--shutdown-timeout=10s"})).To(Succeed())
+		Expect(cfg.Database.File).To(Equal("/var/run/secrets/db/url"))
+		Expect(cfg.Broker.File).To(Equal("/var/run/secrets/amqp/url"))
+		Expect(*cfg.Retention.Published).To(Equal(168 * time.Hour))
+		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
+		Expect(cfg.ShutdownTimeout).To(Equal(10 * time.Second))
+	})
+
+	It("refuses a zero retention window given as a flag", func() {
+		err := DrainCommand(context.Background(), append(base, "--retention-published=0s"))
+		Expect(err).To(MatchError(ContainSubstring(`retention.published: Invalid value: "0s": must be greater than 0`)))
 	})
 })

@@ -1,6 +1,8 @@
 package drainer
 
 import (
+	"os"
+	"path/filepath"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -43,6 +45,16 @@ var _ = Describe("Config validation", func() {
 		Entry("a retry cap under the initial backoff", func(c *Config) { c.RetryMax = time.Millisecond },
 			`retryBackoff.max: Invalid value: "1ms": must be at least retryBackoff.initial 1s`),
 		Entry("no drainer ID", func(c *Config) { c.DrainerID = "" }, "drainerID: Required value"),
+		Entry("no database URL", func(c *Config) { c.Database.URL = "" }, "database.url: Required value"),
+		Entry("a broker URL and a URL file", func(c *Config) { c.Broker.File = "/secrets/url" },
+			`broker.urlFile: Invalid value: "/secrets/url": set the URL or the file, not both`),
+		Entry("a zero published retention window", func(c *Config) { c.Retention.Published = new(time.Duration) },
+			`retention.published: Invalid value: "0s": must be greater than 0 (leave it unset to keep rows forever)`),
+		Entry("a negative unpublishedMaxAge, which would delete the pending set", func(c *Config) {
+			d := -time.Hour
+			c.Retention.UnpublishedMaxAge = &d
+		}, `retention.unpublishedMaxAge: Invalid value: "-1h0m0s": must be greater than 0`),
+		Entry("a zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, `shutdownTimeout: Invalid value: "0s": must be greater than 0`),
 	)
 
 	It("accepts a lease exactly at the minimum", func() {
@@ -63,5 +75,26 @@ var _ = Describe("Redacting connection strings", func() {
 	})
 	It("hides a key/value DSN's password", func() {
 		Expect(RedactURL("host=db user=app password=s3cr3t dbname=x")).NotTo(ContainSubstring("s3cr3t"))
+	})
+})
+
+var _ = Describe("URLs from files", func() {
+	It("reads the file at every call, without its trailing newline", func() {
+		file := filepath.Join(GinkgoT().TempDir(), "url")
+		src := URLSource{File: file}
+		Expect(os.WriteFile(file, []byte("amqp://app:one@rabbit/\n"), 0o600)).To(Succeed())
+		Expect(src.Read()).To(Equal("amqp://app:one@rabbit/"))
+		Expect(os.WriteFile(file, []byte("amqp://app:two@rabbit/"), 0o600)).To(Succeed())
+		Expect(src.Read()).To(Equal("amqp://app:two@rabbit/"))
+	})
+
+	It("names a missing or empty file in its error", func() {
+		missing := filepath.Join(GinkgoT().TempDir(), "missing")
+		_, err := URLSource{File: missing}.Read()
+		Expect(err).To(MatchError(ContainSubstring(missing)))
+		empty := filepath.Join(GinkgoT().TempDir(), "empty")
+		Expect(os.WriteFile(empty, nil, 0o600)).To(Succeed())
+		_, err = URLSource{File: empty}.Read()
+		Expect(err).To(MatchError("URL file " + empty + " is empty"))
 	})
 })

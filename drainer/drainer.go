@@ -248,6 +248,10 @@ func (d *Drainer) Ready(ctx context.Context) error {
 func (d *Drainer) claimLoop(ctx context.Context, p *pipeline) {
 	retry := newRetryBackoff()
 	var next *pendingClaim
+	// followUp is set after a wake-up: rows whose transactions skipped
+	// notifying, because another was notifying, may commit just after the
+	// claim that the notification caused.
+	followUp := false
 	for ctx.Err() == nil {
 		if next == nil {
 			if d.broker != nil && !d.broker.healthy() {
@@ -288,7 +292,11 @@ func (d *Drainer) claimLoop(ctx context.Context, p *pipeline) {
 			}
 		}
 		if !full {
-			p.idle(ctx, d.cfg.PollInterval, d.wake)
+			wait := d.cfg.PollInterval
+			if followUp {
+				wait = min(wait, lateCommitWindow)
+			}
+			followUp = p.idle(ctx, wait, d.wake)
 		}
 	}
 	if next != nil {
@@ -298,6 +306,9 @@ func (d *Drainer) claimLoop(ctx context.Context, p *pipeline) {
 		}
 	}
 }
+
+// lateCommitWindow is how soon a wake-up's claim is followed by another.
+const lateCommitWindow = 20 * time.Millisecond
 
 // pendingClaim is one claim under way; rows and err are set when done closes.
 type pendingClaim struct {

@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -108,18 +109,22 @@ func (p *pipeline) sleep(ctx context.Context, d time.Duration) {
 	p.waitFor(ctx.Done())
 }
 
-// idle resolves confirms for up to d, or until ctx ends or wake fires.
-func (p *pipeline) idle(ctx context.Context, d time.Duration, wake <-chan struct{}) {
+// idle resolves confirms for up to d, or until ctx ends or wake fires. It
+// reports whether wake fired.
+func (p *pipeline) idle(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
+	var woke atomic.Bool
 	go func() {
 		select {
 		case <-wake:
+			woke.Store(true)
 			cancel()
 		case <-ctx.Done():
 		}
 	}()
 	p.waitFor(ctx.Done())
+	return woke.Load()
 }
 
 // makeRoom resolves confirms until fewer than depth are in flight.

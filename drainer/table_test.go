@@ -1,6 +1,8 @@
 package drainer
 
 import (
+	"strings"
+
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 )
@@ -91,5 +93,15 @@ var _ = Describe("Resolving the table mapping", func() {
 		Expect(c.ID).To(Equal("event_id"))
 		Expect(c.EnqueuedAt).To(Equal("created_at"))
 		Expect(columnsFlag{&c}.Set("key=x")).To(MatchError(ContainSubstring(`unknown column "key"`)))
+	})
+
+	It("keeps the notify channel within Postgres's 63-byte limit, distinct per table", func() {
+		short := TableSpec{Name: "public.outbox"}
+		Expect(short.NotifyChannel()).To(Equal("spillway.public.outbox"))
+		long := func(suffix string) TableSpec {
+			return TableSpec{Name: "tenant_schema_with_a_long_name." + strings.Repeat("t", 40) + suffix}
+		}
+		Expect(len(long("a").NotifyChannel())).To(BeNumerically("<=", 63))
+		Expect(long("a").NotifyChannel()).NotTo(Equal(long("b").NotifyChannel()))
 	})
 })

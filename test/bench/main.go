@@ -36,6 +36,7 @@ var (
 	bigPending   = flag.Int("claim-rows", 1_000_000, "pending rows of the large claim-latency run")
 	claims       = flag.Int("claims", 50, "claims timed per claim-latency run (each marks its batch published)")
 	rounds       = flag.Int("rounds", 3, "interleaved rounds of the ceiling and drainer runs")
+	sectionList  = flag.String("sections", "throughput,claims,latency", "which measurements to run, comma-separated")
 	cpuProfile   = flag.String("cpuprofile", "", "write a CPU profile of the first 1-process drainer run to this file")
 )
 
@@ -48,6 +49,10 @@ type bench struct {
 
 func main() {
 	flag.Parse()
+	sections := map[string]bool{}
+	for _, s := range strings.Split(*sectionList, ",") {
+		sections[strings.TrimSpace(s)] = true
+	}
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	log.SetPrefix("bench: ")
 	ctx := context.Background()
@@ -69,6 +74,33 @@ func main() {
 	fmt.Printf("Spillway benchmark: %d events of %d bytes, persistent, to a durable bound queue; batch %d, pipeline depth %d\n\n",
 		*events, *payloadBytes, *batchSize, *depth)
 
+	var targets []string
+	if sections["throughput"] {
+		targets = append(targets, b.throughput(ctx)...)
+	}
+	if sections["claims"] {
+		targets = append(targets, b.claims(ctx)...)
+	}
+	if sections["latency"] {
+		targets = append(targets, b.latency(ctx)...)
+	}
+	fmt.Println()
+	for _, t := range targets {
+		fmt.Println(t)
+	}
+}
+
+// target formats one target's line: its figure and whether it was met.
+func target(what, figure string, ok bool) string {
+	verdict := "met"
+	if !ok {
+		verdict = "NOT MET"
+	}
+	return fmt.Sprintf("target %-40s %-10s %s", what+":", figure, verdict)
+}
+
+// throughput compares the drainer with the broker's ceiling.
+func (b *bench) throughput(ctx context.Context) []string {
 	spec := b.outbox(ctx)
 	defer b.exec(ctx, "DROP TABLE "+spec.Name)
 	// scenario accumulates one scenario's rates and CPU over its runs.
@@ -111,6 +143,14 @@ func main() {
 	report("drainer, 1 process, claims not overlapped", serial.rates, fmt.Sprintf("overlap gains %.2fx", o/median(serial.rates)), serial.cpu)
 	report("drainer, 1 process, synchronous_commit on", synchronous.rates, fmt.Sprintf("async commit gains %.2fx", o/median(synchronous.rates)), synchronous.cpu)
 
+	return []string{
+		target("drainer ÷ ceiling ≥ 0.85", fmt.Sprintf("%.2f", o/c), o/c >= 0.85),
+		target("2 processes not slower than 1", fmt.Sprintf("%.2f", t/o), t >= o),
+	}
+}
+
+// claims times the claim statement as the pending set grows and ages.
+func (b *bench) claims(ctx context.Context) []string {
 	log.Printf("claim latency: seeding 10k rows, %d rows, and %d rows behind stale ones", *bigPending, *bigPending)
 	fmt.Println()
 	latency := b.claimLatencies(ctx, []claimSetup{{10_000, 0}, {*bigPending, 0}, {*bigPending, *bigPending / 10}})
@@ -120,16 +160,21 @@ func main() {
 	fmt.Printf("%-70s p50 %6.2f ms  p95 %6.2f ms  %.2fx of 10k\n", fmt.Sprintf("claim latency, %d pending behind %d poisoned + %d in backoff", *bigPending, *bigPending/10, *bigPending/10),
 		ms(aged[0]), ms(aged[1]), ms(aged[0])/ms(small[0]))
 
+	return []string{target("claim at 1M within 1.5× of 10k", fmt.Sprintf("%.2f", ms(large[0])/ms(small[0])), ms(large[0]) <= 1.5*ms(small[0]))}
+}
+
+// latency measures commit to publish at a steady application rate.
+func (b *bench) latency(ctx context.Context) []string {
+	log.Printf("commit-to-publish latency at %d events/s, with the notify trigger and with polling only", *latencyRate)
+	notified, polled := b.commitLatency(ctx, true), b.commitLatency(ctx, false)
 	fmt.Println()
-	verdict := func(ok bool) string {
-		if ok {
-			return "met"
-		}
-		return "NOT MET"
+	fmt.Printf("%-70s %s\n", "commit→published latency, LISTEN/NOTIFY", notified)
+	fmt.Printf("%-70s %s\n", fmt.Sprintf("commit→published latency, polling every %s", drainer.DefaultConfig().PollInterval), polled)
+
+	return []string{
+		target("LISTEN/NOTIFY p50 ≤ 10 ms", fmt.Sprintf("%.2f ms", ms(notified.p50)), notified.p50 <= 10*time.Millisecond),
+		target("LISTEN/NOTIFY p99 ≤ 50 ms", fmt.Sprintf("%.2f ms", ms(notified.p99)), notified.p99 <= 50*time.Millisecond),
 	}
-	fmt.Printf("target drainer ÷ ceiling ≥ 0.85:        %.2f  %s\n", o/c, verdict(o/c >= 0.85))
-	fmt.Printf("target 2 processes not slower than 1:   %.2f  %s\n", t/o, verdict(t >= o))
-	fmt.Printf("target claim at 1M within 1.5× of 10k:  %.2f  %s\n", ms(large[0])/ms(small[0]), verdict(ms(large[0]) <= 1.5*ms(small[0])))
 }
 
 // profileStart starts the CPU profiler when -cpuprofile is set.
@@ -336,11 +381,28 @@ func (b *bench) seed(ctx context.Context, spec drainer.TableSpec, pending, stale
 func (b *bench) drain(ctx context.Context, spec drainer.TableSpec, n int, tweak func(*drainer.Config)) (float64, cpuUse) {
 	log.Printf("draining with %d drainer(s)", n)
 	defer log.Printf("drained")
-	runCtx, stop := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	var metrics []*drainer.Metrics
+	fleet := b.newFleet(ctx, spec, n, tweak)
+	watch := startWatch()
+	stop := fleet.run(ctx)
+	for int(fleet.published()) < *events {
+		time.Sleep(5 * time.Millisecond)
+	}
+	use := watch.stop()
+	stop()
+	b.purge()
+	return float64(*events) / use.wall.Seconds(), use
+}
+
+// fleet is n in-process drainers, each with its own pool and metrics.
+type fleet struct {
+	drainers []*drainer.Drainer
+	metrics  []*drainer.Metrics
+	closers  []func()
+}
+
+func (b *bench) newFleet(ctx context.Context, spec drainer.TableSpec, n int, tweak func(*drainer.Config)) *fleet {
+	f := &fleet{}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	var ready []*drainer.Drainer
 	for i := range n {
 		cfg := drainer.DefaultConfig()
 		cfg.DrainerID = fmt.Sprintf("bench-%d", i)
@@ -354,7 +416,6 @@ func (b *bench) drain(ctx context.Context, spec drainer.TableSpec, n int, tweak 
 		if err != nil {
 			log.Fatal(err)
 		}
-		defer pool.Close()
 		store, err := drainer.OpenStore(ctx, pool, spec)
 		if err != nil {
 			log.Fatal(err)
@@ -364,31 +425,38 @@ func (b *bench) drain(ctx context.Context, spec drainer.TableSpec, n int, tweak 
 		if err != nil {
 			log.Fatal(err)
 		}
-		metrics, ready = append(metrics, m), append(ready, d)
+		f.drainers, f.metrics, f.closers = append(f.drainers, d), append(f.metrics, m), append(f.closers, pool.Close)
 	}
-	watch := startWatch()
-	for _, d := range ready {
+	return f
+}
+
+// run starts the drainers; the returned func stops them and closes their pools.
+func (f *fleet) run(ctx context.Context) (stop func()) {
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	for _, d := range f.drainers {
 		wg.Go(func() {
 			if err := d.Run(runCtx); err != nil {
 				log.Fatal(err)
 			}
 		})
 	}
-	for {
-		var published float64
-		for _, m := range metrics {
-			published += testutil.ToFloat64(m.Published)
+	return func() {
+		cancel()
+		wg.Wait()
+		for _, c := range f.closers {
+			c()
 		}
-		if int(published) >= *events {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	use := watch.stop()
-	stop()
-	wg.Wait()
-	b.purge()
-	return float64(*events) / use.wall.Seconds(), use
+}
+
+// published is the fleet's count of rows marked published.
+func (f *fleet) published() float64 {
+	var n float64
+	for _, m := range f.metrics {
+		n += testutil.ToFloat64(m.Published)
+	}
+	return n
 }
 
 // claimSetup is one claim-latency scenario: `pending` rows behind `stale`

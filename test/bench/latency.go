@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/spillway-io/spillway/drainer"
+)
+
+var (
+	latencyRate     = flag.Int("latency-rate", 1000, "events per second inserted in the latency runs, one per transaction")
+	latencyDuration = flag.Duration("latency-duration", 10*time.Second, "length of each latency run")
+)
+
+// latencyRun is one commit-to-publish latency measurement.
+type latencyRun struct {
+	p50, p99 time.Duration
+	rate     float64 // achieved insert rate
+	events   int
+}
+
+// commitLatency inserts rows one transaction each, at a steady rate as an
+// application would, while one drainer with the default settings drains
+// them, with or without the notify trigger. A row's latency runs from the
+// moment its insert's commit returned to the producer to its published_at:
+// the start of the settle that follows the broker's confirm, on the same
+// host's clock. It bounds commit-to-confirm from above.
+func (b *bench) commitLatency(ctx context.Context, notify bool) latencyRun {
+	spec := b.outbox(ctx)
+	defer b.exec(ctx, "DROP TABLE "+spec.Name)
+	if notify {
+		if _, err := drainer.InstallNotifyTrigger(ctx, b.pool, spec); err != nil {
+			log.Fatal(err)
+		}
+	}
+	f := b.newFleet(ctx, spec, 1, nil)
+	stop := f.run(ctx)
+	defer stop()
+	time.Sleep(500 * time.Millisecond) // the drainer is up and idle
+
+	// Several producers, as several application sessions: one alone waits
+	// on its own commit's WAL flush and could not keep the rate.
+	const producers = 4
+	total := int(float64(*latencyRate) * latencyDuration.Seconds())
+	body := b.payload()
+	committed := make([]map[string]time.Time, producers)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for p := range producers {
+		committed[p] = map[string]time.Time{}
+		wg.Go(func() {
+			for i := p; i < total; i += producers {
+				time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(*latencyRate))))
+				var id string
+				if err := b.pool.QueryRow(ctx, "INSERT INTO "+spec.Name+" (event_type, payload) VALUES ('bench.event', $1) RETURNING id::text", body).Scan(&id); err != nil {
+					log.Fatal(err)
+				}
+				committed[p][id] = time.Now()
+			}
+		})
+	}
+	wg.Wait()
+	run := latencyRun{events: total, rate: float64(total) / time.Since(start).Seconds()}
+	deadline := time.Now().Add(30 * time.Second)
+	for int(f.published()) < total {
+		if time.Now().After(deadline) {
+			log.Fatalf("latency run: %v of %d published after 30 s", f.published(), total)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	rows, err := b.pool.Query(ctx, "SELECT id::text, published_at FROM "+spec.Name)
+	if err != nil {
+		log.Fatal(err)
+	}
+	var latencies []time.Duration
+	for rows.Next() {
+		var id string
+		var publishedAt time.Time
+		if err := rows.Scan(&id, &publishedAt); err != nil {
+			log.Fatal(err)
+		}
+		for _, c := range committed {
+			if at, ok := c[id]; ok {
+				latencies = append(latencies, publishedAt.Sub(at))
+			}
+		}
+	}
+	if rows.Err() != nil || len(latencies) != total {
+		log.Fatalf("latency run: %d latencies of %d rows: %v", len(latencies), total, rows.Err())
+	}
+	slices.Sort(latencies)
+	run.p50, run.p99 = latencies[total/2], latencies[total*99/100]
+	b.purge()
+	return run
+}
+
+func (r latencyRun) String() string {
+	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s)", ms(r.p50), ms(r.p99), r.events, r.rate)
+}
