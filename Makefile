@@ -33,7 +33,7 @@ test: services ## Run every test suite against the local Postgres and RabbitMQ, 
 	$(GO) test $(TEST_FLAGS) $(FAULTS)
 
 .PHONY: bench
-bench: services ## Measure broker ceiling, drainer throughput and claim latency; prints ratios.
+bench: services ## Measure broker ceiling, drainer throughput, claim latency and commit→publish latency; prints ratios.
 	$(GO) run ./test/bench
 
 STATICCHECK_VERSION ?= v0.8.2
