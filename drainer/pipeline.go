@@ -113,9 +113,10 @@ func (p *pipeline) sleep(ctx context.Context, d time.Duration) {
 // reports whether wake fired.
 func (p *pipeline) idle(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
 	ctx, cancel := context.WithTimeout(ctx, d)
-	defer cancel()
 	var woke atomic.Bool
+	watched := make(chan struct{})
 	go func() {
+		defer close(watched)
 		select {
 		case <-wake:
 			woke.Store(true)
@@ -124,6 +125,10 @@ func (p *pipeline) idle(ctx context.Context, d time.Duration, wake <-chan struct
 		}
 	}()
 	p.waitFor(ctx.Done())
+	cancel()
+	// A wake-up taken after the timeout still counts: the claim that
+	// follows comes after it, so no notification is lost.
+	<-watched
 	return woke.Load()
 }
 

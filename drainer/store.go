@@ -222,7 +222,11 @@ func (s *Store) Listen(ctx context.Context, spec TableSpec, notified func()) err
 	// Hijacked, the connection leaves the pool for good: a LISTEN session
 	// must not be handed to a claim.
 	conn := pc.Hijack()
-	defer conn.Close(context.WithoutCancel(ctx))
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(ctx)
+	}()
 	if _, err := conn.Exec(ctx, spec.Listen().SQL); err != nil {
 		return fmt.Errorf("listen on %s: %w", spec.NotifyChannel(), err)
 	}
