@@ -473,7 +473,9 @@ func (d *Drainer) settle(ctx context.Context, b *batch) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseTTL)
 	defer cancel()
 	retryBackoff := Backoff{Initial: d.cfg.RetryInitial.Milliseconds(), Max: d.cfg.RetryMax.Milliseconds()}
+	tries := 0
 	done, err := backoff.Retry(ctx, func() (Settled, error) {
+		tries++
 		return d.store.Settle(ctx, d.cfg.DrainerID, st, retryBackoff)
 	}, backoff.WithBackOff(newRetryBackoff()), backoff.WithNotify(func(err error, wait time.Duration) {
 		d.log.Error("Settle failed; retrying", "error", err, "retryIn", wait)
@@ -495,7 +497,12 @@ func (d *Drainer) settle(ctx context.Context, b *batch) {
 		d.metrics.LastPublish.SetToCurrentTime()
 	}
 	lost := int64(len(st.Published)+len(st.Failed)+len(st.Released)) - done.Published - done.Failed - done.Released
-	if lost > 0 {
+	if lost > 0 && tries > 1 {
+		// The failed try may have committed before its connection broke:
+		// those rows are settled already, or taken over; no telling which.
+		d.log.Warn("Settle retried; some rows were already settled by the ambiguous try or taken over by another drainer",
+			"rows", lost, "tries", tries)
+	} else if lost > 0 {
 		d.metrics.LeaseLost.Add(float64(lost))
 		d.log.Warn("Lease lost: another drainer took over expired claims, so this settle left them alone",
 			"rows", lost, "published", len(st.Published), "marked", done.Published)
