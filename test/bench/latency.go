@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+
 	"github.com/spillway-io/spillway/drainer"
 )
 
@@ -20,7 +21,10 @@ var (
 // latencyRun is one commit-to-publish latency measurement.
 type latencyRun struct {
 	p50, p99 time.Duration
-	rate     float64 // achieved insert rate
+	// p50s of the two legs: insert to claim, and claim to settle
+	// (publish, confirm, and the settle's start).
+	toClaim, toSettle time.Duration
+	rate              float64 // achieved insert rate
 	events   int
 }
 
@@ -73,6 +77,15 @@ func (b *bench) commitLatency(ctx context.Context, notify bool) latencyRun {
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	// Where the time goes, on the database's clock: from the insert's
+	// transaction start to the claim, and from the claim to the settle.
+	var parts []float64
+	if err := b.pool.QueryRow(ctx, `SELECT ARRAY[
+		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - enqueued_at)),
+		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - claimed_at))] FROM `+spec.Name).Scan(&parts); err != nil {
+		log.Fatal(err)
+	}
+	run.toClaim, run.toSettle = time.Duration(parts[0]*float64(time.Second)), time.Duration(parts[1]*float64(time.Second))
 	rows, err := b.pool.Query(ctx, "SELECT id::text, published_at FROM "+spec.Name)
 	if err != nil {
 		log.Fatal(err)
@@ -100,5 +113,6 @@ func (b *bench) commitLatency(ctx context.Context, notify bool) latencyRun {
 }
 
 func (r latencyRun) String() string {
-	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s)", ms(r.p50), ms(r.p99), r.events, r.rate)
+	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s; p50 insert→claim %.1f ms, claim→settle %.1f ms)",
+		ms(r.p50), ms(r.p99), r.events, r.rate, ms(r.toClaim), ms(r.toSettle))
 }
