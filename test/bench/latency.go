@@ -9,7 +9,6 @@ import (
 	"sync"
 	"time"
 
-
 	"github.com/spillway-io/spillway/drainer"
 )
 
@@ -25,7 +24,7 @@ type latencyRun struct {
 	// (publish, confirm, and the settle's start).
 	toClaim, toSettle time.Duration
 	rate              float64 // achieved insert rate
-	events   int
+	events            int
 }
 
 // commitLatency inserts rows one transaction each, at a steady rate as an
