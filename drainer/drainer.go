@@ -117,7 +117,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 	}
 	settleCtx, stopSettling := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSettling()
-	settle := make(chan *batch, 4)
+	settle := make(chan *batch, maxSettleGroup)
 	var settler sync.WaitGroup
 	settler.Go(func() { d.settleLoop(settleCtx, settle) })
 
@@ -441,26 +441,50 @@ func (d *Drainer) classify(e inflight, timedOut string) outcome {
 	return outcome{kind: published}
 }
 
+// maxSettleGroup bounds how many completed batches one settle takes.
+const maxSettleGroup = 16
+
+// settleLoop settles batches as they complete. Batches that completed while
+// the previous settle ran go into one round trip together: with a trickle of
+// small claims, as LISTEN/NOTIFY brings, one round trip per claim would make
+// phase 3 the bottleneck, and the claim loop would wait on it.
 func (d *Drainer) settleLoop(ctx context.Context, settle <-chan *batch) {
 	for b := range settle {
-		d.settle(ctx, b)
-		close(b.settled)
+		group := []*batch{b}
+	gather:
+		for len(group) < maxSettleGroup {
+			select {
+			case b, ok := <-settle:
+				if !ok {
+					break gather
+				}
+				group = append(group, b)
+			default:
+				break gather
+			}
+		}
+		d.settle(ctx, group)
+		for _, b := range group {
+			close(b.settled)
+		}
 	}
 }
 
-// settlementOf groups a batch's rows by outcome.
-func settlementOf(b *batch) Settlement {
+// settlementOf groups the rows of batches by outcome.
+func settlementOf(group []*batch) Settlement {
 	var st Settlement
-	for i, o := range b.outcomes {
-		id := b.rows[i].ID
-		switch o.kind {
-		case published:
-			st.Published = append(st.Published, id)
-		case failed:
-			st.Failed = append(st.Failed, id)
-			st.Reasons = append(st.Reasons, truncate(o.detail, maxLastErrorLength))
-		case released:
-			st.Released = append(st.Released, id)
+	for _, b := range group {
+		for i, o := range b.outcomes {
+			id := b.rows[i].ID
+			switch o.kind {
+			case published:
+				st.Published = append(st.Published, id)
+			case failed:
+				st.Failed = append(st.Failed, id)
+				st.Reasons = append(st.Reasons, truncate(o.detail, maxLastErrorLength))
+			case released:
+				st.Released = append(st.Released, id)
+			}
 		}
 	}
 	return st
@@ -468,8 +492,8 @@ func settlementOf(b *batch) Settlement {
 
 // settle is phase 3, retried until the lease would have expired anyway: past
 // that, the rows are another drainer's to claim and publish again.
-func (d *Drainer) settle(ctx context.Context, b *batch) {
-	st := settlementOf(b)
+func (d *Drainer) settle(ctx context.Context, group []*batch) {
+	st := settlementOf(group)
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseTTL)
 	defer cancel()
 	retryBackoff := Backoff{Initial: d.cfg.RetryInitial.Milliseconds(), Max: d.cfg.RetryMax.Milliseconds()}
@@ -481,15 +505,18 @@ func (d *Drainer) settle(ctx context.Context, b *batch) {
 		d.log.Error("Settle failed; retrying", "error", err, "retryIn", wait)
 	}))
 	if err != nil {
-		d.log.Error("Settle gave up; the rows will be claimed again when their lease expires", "rows", len(b.rows), "error", err)
+		d.log.Error("Settle gave up; the rows will be claimed again when their lease expires",
+			"rows", len(st.Published)+len(st.Failed)+len(st.Released), "error", err)
 		return
 	}
-	for _, o := range b.outcomes {
-		switch o.kind {
-		case failed:
-			d.metrics.Failed.WithLabelValues(o.reason).Inc()
-		case released:
-			d.metrics.Released.WithLabelValues(o.reason).Inc()
+	for _, b := range group {
+		for _, o := range b.outcomes {
+			switch o.kind {
+			case failed:
+				d.metrics.Failed.WithLabelValues(o.reason).Inc()
+			case released:
+				d.metrics.Released.WithLabelValues(o.reason).Inc()
+			}
 		}
 	}
 	d.metrics.Published.Add(float64(done.Published))

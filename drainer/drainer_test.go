@@ -122,7 +122,7 @@ var _ = Describe("Leases", Label("integration"), func() {
 
 		// drainer-a's confirms came back after its lease had expired.
 		b := &batch{rows: held, outcomes: make([]outcome, len(held))}
-		a.settle(ctx, b)
+		a.settle(ctx, []*batch{b})
 		Expect(testutil.ToFloat64(a.metrics.LeaseLost)).To(Equal(10.0))
 		Expect(testutil.ToFloat64(a.metrics.Published)).To(BeZero())
 		Expect(count(ctx, spec.Name, "published_at IS NULL AND claimed_by = 'drainer-b'")).To(Equal(10))
