@@ -24,6 +24,7 @@ type latencyRun struct {
 	// (publish, confirm, and the settle's start).
 	toClaim, toSettle time.Duration
 	rate              float64 // achieved insert rate
+	cpu               cpuUse  // while inserting, the bench's producers count as "drainer"
 	events            int
 }
 
@@ -52,7 +53,7 @@ func (b *bench) commitLatency(ctx context.Context, notify bool) latencyRun {
 	total := int(float64(*latencyRate) * latencyDuration.Seconds())
 	body := b.payload()
 	committed := make([]map[string]time.Time, producers)
-	start := time.Now()
+	start, watch := time.Now(), startWatch()
 	var wg sync.WaitGroup
 	for p := range producers {
 		committed[p] = map[string]time.Time{}
@@ -68,7 +69,7 @@ func (b *bench) commitLatency(ctx context.Context, notify bool) latencyRun {
 		})
 	}
 	wg.Wait()
-	run := latencyRun{events: total, rate: float64(total) / time.Since(start).Seconds()}
+	run := latencyRun{events: total, rate: float64(total) / time.Since(start).Seconds(), cpu: watch.stop()}
 	deadline := time.Now().Add(30 * time.Second)
 	for int(f.published()) < total {
 		if time.Now().After(deadline) {
@@ -112,6 +113,6 @@ func (b *bench) commitLatency(ctx context.Context, notify bool) latencyRun {
 }
 
 func (r latencyRun) String() string {
-	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s; p50 insert→claim %.1f ms, claim→settle %.1f ms)",
-		ms(r.p50), ms(r.p99), r.events, r.rate, ms(r.toClaim), ms(r.toSettle))
+	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s; p50 insert→claim %.1f ms, claim→settle %.1f ms)  %s",
+		ms(r.p50), ms(r.p99), r.events, r.rate, ms(r.toClaim), ms(r.toSettle), r.cpu)
 }
