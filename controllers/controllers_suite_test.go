@@ -19,6 +19,7 @@ import (
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
@@ -35,8 +36,8 @@ func TestControllers(t *testing.T) {
 
 var (
 	// k8s reads and writes straight to the API server, as a user would.
-	k8s client.Client
-	// reconciler is the one the manager runs, for calling Reconcile directly.
+	k8s client.WithWatch
+	// reconciler is the one the manager runs.
 	reconciler *controllers.OutboxDrainerReconciler
 	db         *pgxpool.Pool
 	kubeconfig string
@@ -53,7 +54,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	scheme, err := controllers.NewScheme()
 	Expect(err).NotTo(HaveOccurred())
-	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
+	k8s, err = client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	Expect(err).NotTo(HaveOccurred())
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{Scheme: scheme, Metrics: metricsserver.Options{BindAddress: "0"}})
@@ -160,12 +161,44 @@ func get[T client.Object](ctx context.Context, obj T) T {
 	return obj
 }
 
-// cachedVersion returns the resourceVersion of obj in the reconciler's cache.
-func cachedVersion(ctx context.Context, into, obj client.Object) func() string {
-	return func() string {
-		_ = reconciler.Get(ctx, client.ObjectKeyFromObject(obj), into)
-		return into.GetResourceVersion()
+// writeCountingReconciler is a second reconciler on the same API server
+// that reads without a cache and records every write it makes. The API
+// server drops a write that changes nothing, so resourceVersions alone
+// cannot show a needless one.
+func writeCountingReconciler() (*controllers.OutboxDrainerReconciler, *[]string) {
+	var writes []string
+	record := func(verb string, obj client.Object) {
+		writes = append(writes, fmt.Sprintf("%s %T %s", verb, obj, obj.GetName()))
 	}
+	c := interceptor.NewClient(k8s, interceptor.Funcs{
+		Create: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.CreateOption) error {
+			record("create", obj)
+			return c.Create(ctx, obj, opts...)
+		},
+		Update: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.UpdateOption) error {
+			record("update", obj)
+			return c.Update(ctx, obj, opts...)
+		},
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			record("patch", obj)
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
+			record("delete", obj)
+			return c.Delete(ctx, obj, opts...)
+		},
+		SubResourceUpdate: func(ctx context.Context, c client.Client, sub string, obj client.Object, opts ...client.SubResourceUpdateOption) error {
+			record("update "+sub, obj)
+			return c.SubResource(sub).Update(ctx, obj, opts...)
+		},
+		SubResourcePatch: func(ctx context.Context, c client.Client, sub string, obj client.Object, patch client.Patch, opts ...client.SubResourcePatchOption) error {
+			record("patch "+sub, obj)
+			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
+		},
+	})
+	return &controllers.OutboxDrainerReconciler{
+		Client: c, APIReader: c, Scheme: reconciler.Scheme, Recorder: reconciler.Recorder, Image: reconciler.Image,
+	}, &writes
 }
 
 // deploymentOf waits for the fleet's Deployment and returns it.
