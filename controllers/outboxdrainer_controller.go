@@ -91,13 +91,39 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	}
 
 	now := time.Now()
-	interval := od.Spec.StatusInterval.Duration
+	next, err := r.nextStatus(ctx, od, fleet, now)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if !equality.Semantic.DeepEqual(&od.Status, next) {
+		warnings := status.Warnings(od.Status.Conditions, next.Conditions)
+		od.Status = *next
+		if err := r.Status().Update(ctx, od); isCacheBehind(err) {
+			ctrl.LoggerFrom(ctx).V(1).Info("Retrying after a stale read", "error", err)
+			return ctrl.Result{RequeueAfter: cacheRetry}, nil
+		} else if err != nil {
+			return ctrl.Result{}, fmt.Errorf("update status of OutboxDrainer %s: %w", req.NamespacedName, err)
+		}
+		for _, c := range warnings {
+			r.Recorder.Eventf(od, nil, corev1.EventTypeWarning, c.Reason, "ReportStatus", "%s", c.Message)
+		}
+	}
+	if fleet.ApplyError != nil {
+		return ctrl.Result{}, fleet.ApplyError
+	}
+	return ctrl.Result{RequeueAfter: untilNextProbe(next, od.Spec.StatusInterval.Duration, now)}, nil
+}
+
+// nextStatus is what this reconcile observed: the fleet as applied, and the
+// outbox as read now or, when no read is due, as last read.
+func (r *OutboxDrainerReconciler) nextStatus(ctx context.Context, od *v1alpha1.OutboxDrainer, fleet status.Fleet, now time.Time) (*v1alpha1.OutboxDrainerStatus, error) {
 	next := od.Status.DeepCopy()
+	// A read that is not due would find what the last one did: everything.
 	probe := status.Probe{Reason: v1alpha1.ReasonOutboxRead}
 	if probeDue(od, now) {
 		var err error
 		if probe, err = r.readOutbox(ctx, od); err != nil {
-			return ctrl.Result{}, err
+			return nil, err
 		}
 		if probe.Outbox != nil {
 			recordOutbox(next, *probe.Outbox, now)
@@ -117,31 +143,17 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	if fleet.ApplyError == nil && len(probe.MissingSecrets) == 0 {
 		next.ObservedGeneration = od.Generation
 	}
+	return next, nil
+}
 
-	if !equality.Semantic.DeepEqual(&od.Status, next) {
-		warnings := status.Warnings(od.Status.Conditions, next.Conditions)
-		od.Status = *next
-		if err := r.Status().Update(ctx, od); isCacheBehind(err) {
-			ctrl.LoggerFrom(ctx).V(1).Info("Retrying after a stale read", "error", err)
-			return ctrl.Result{RequeueAfter: cacheRetry}, nil
-		} else if err != nil {
-			return ctrl.Result{}, fmt.Errorf("update status of OutboxDrainer %s: %w", req.NamespacedName, err)
-		}
-		for _, c := range warnings {
-			r.Recorder.Eventf(od, nil, corev1.EventTypeWarning, c.Reason, "ReadOutbox", "%s", c.Message)
-		}
+// untilNextProbe is when to reconcile again. A failed read, a missing Secret
+// included, is retried at the status interval, not in a tight loop; a Secret
+// that appears sooner triggers a reconcile through the Secret watch.
+func untilNextProbe(s *v1alpha1.OutboxDrainerStatus, interval time.Duration, now time.Time) time.Duration {
+	if s.LastProbeTime == nil || !probeHealthy(s) {
+		return interval
 	}
-	if fleet.ApplyError != nil {
-		return ctrl.Result{}, fleet.ApplyError
-	}
-	// A failed read (a missing Secret included) is retried at the status
-	// interval, not in a tight loop; a Secret that appears sooner triggers a
-	// reconcile through the Secret watch.
-	requeue := interval
-	if last := next.LastProbeTime; last != nil && probeHealthy(next) {
-		requeue = max(last.Add(interval).Sub(now), time.Second)
-	}
-	return ctrl.Result{RequeueAfter: requeue}, nil
+	return max(s.LastProbeTime.Add(interval).Sub(now), time.Second)
 }
 
 // probeDue says whether to read the outbox now. A healthy fleet's outbox is

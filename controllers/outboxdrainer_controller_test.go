@@ -135,6 +135,12 @@ var _ = Describe("OutboxDrainer controller", Label("integration"), func() {
 			kubectl("scale", "outboxdrainer/"+od.Name, "-n", ns, "--replicas=3")
 			Eventually(func() *int32 { return get(ctx, deploymentOf(ctx, od)).Spec.Replicas }).Should(Equal(ptr.To(int32(3))))
 			Eventually(func() string { return get(ctx, od.DeepCopy()).Status.Selector }).Should(Equal(resource.Selector(od)))
+
+			kubectl("scale", "outboxdrainer/"+od.Name, "-n", ns, "--replicas=1")
+			Eventually(func() bool {
+				return apierrors.IsNotFound(k8s.Get(ctx, client.ObjectKeyFromObject(od), &policyv1.PodDisruptionBudget{}))
+			}).Should(BeTrue(), "a budget on a single drainer would block every node drain")
+			Eventually(events(ctx, od)).Should(ContainElement("Normal SuccessfulDelete: Deleted PodDisruptionBudget " + od.Name))
 		})
 	})
 
@@ -211,6 +217,10 @@ var _ = Describe("OutboxDrainer controller", Label("integration"), func() {
 			Eventually(events(ctx, od)).Should(ContainElement(`Warning SecretNotFound: Secret "orders-db" (database URL) was not found`))
 			Expect(get(ctx, od.DeepCopy()).Status.ObservedGeneration).To(BeZero(), "the spec is not fully acted on")
 			deploymentOf(ctx, od)
+			counting, _ := writeCountingReconciler()
+			result, err := counting.Reconcile(ctx, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(od)})
+			Expect(err).NotTo(HaveOccurred(), "an error would be retried at once, with backoff")
+			Expect(result.RequeueAfter).To(Equal(statusInterval), "retried at the status interval")
 
 			connectionSecrets(ctx, ns)
 			Eventually(condition(ctx, od, v1alpha1.ConditionDatabaseReachable)).Should(HaveField("Status", metav1.ConditionTrue))
