@@ -142,17 +142,18 @@ type RetryBackoff struct {
 	Max metav1.Duration `json:"max,omitzero"`
 }
 
-// Retention deletes old rows. Unset, rows are kept forever.
+// Retention is how long the drainers keep rows. Unset, rows are kept
+// forever; the drainer refuses zero.
 type Retention struct {
-	// Published deletes published rows this long after they were published.
+	// Published is how long a row is kept once it is published.
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:MaxLength=32
 	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive; leave it unset to keep published rows forever"
 	// +optional
 	Published *metav1.Duration `json:"published,omitempty"`
-	// UnpublishedMaxAge deletes rows still unpublished (poisoned, or never
-	// deliverable) this long after they were enqueued.
+	// UnpublishedMaxAge is the age past which a row that was never
+	// published, such as a poisoned one, is deleted.
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:MaxLength=32
