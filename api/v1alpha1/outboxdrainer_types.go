@@ -337,7 +337,3 @@ type OutboxDrainerList struct {
 	metav1.ListMeta `json:"metadata,omitempty"`
 	Items           []OutboxDrainer `json:"items"`
 }
-
-func init() {
-	SchemeBuilder.Register(&OutboxDrainer{}, &OutboxDrainerList{})
-}
