@@ -12,7 +12,7 @@ TEST_FLAGS  ?= -v -count=1 -timeout 20m
 
 .PHONY: help
 help: ## Show the targets.
-	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-12s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"} /^[a-zA-Z_-]+:.*##/ {printf "  %-17s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 .PHONY: build
 build: ## Build bin/spillway.
@@ -27,10 +27,35 @@ services: ## Start the local Postgres and RabbitMQ if they are installed but sto
 FAULTS      := ./test/faults
 
 .PHONY: test
-test: services ## Run every test suite against the local Postgres and RabbitMQ, the fault suite last.
+test: services verify-generated ## Run every suite against the local Postgres, RabbitMQ and an envtest control plane; the fault suite last.
 	$(GO) vet ./...
-	$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$')
-	$(GO) test $(TEST_FLAGS) $(FAULTS)
+	assets=$$(hack/control-plane.sh) && export KUBEBUILDER_ASSETS=$$assets && \
+		$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
+		$(GO) test $(TEST_FLAGS) $(FAULTS)
+
+.PHONY: control-plane
+control-plane: ## Build envtest's kube-apiserver and etcd from the Go module proxy into bin/control-plane (cached).
+	@hack/control-plane.sh
+
+CONTROLLER_GEN_VERSION ?= v0.23.0
+CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+
+$(CONTROLLER_GEN):
+	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
+	mv $(BIN)/controller-gen $@
+
+.PHONY: generate
+generate: $(CONTROLLER_GEN) ## Generate the API's deepcopy functions.
+	$(CONTROLLER_GEN) object paths=./api/...
+
+.PHONY: manifests
+manifests: $(CONTROLLER_GEN) ## Generate the CRD into config/crd/bases and the operator's RBAC into config/rbac.
+	$(CONTROLLER_GEN) crd rbac:roleName=spillway-operator paths=./api/... paths=./controllers/... \
+		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+
+.PHONY: verify-generated
+verify-generated: $(CONTROLLER_GEN) ## Fail when the generated code or manifests are stale.
+	@CONTROLLER_GEN=$(CONTROLLER_GEN) hack/verify-generated.sh
 
 .PHONY: bench
 bench: services ## Measure broker ceiling, drainer throughput, claim latency and commit→publish latency; prints ratios.

@@ -10,6 +10,7 @@ import (
 	"runtime/debug"
 	"syscall"
 
+	"github.com/spillway-io/spillway/controllers"
 	"github.com/spillway-io/spillway/drainer"
 )
 
@@ -17,6 +18,7 @@ import (
 var version = "dev"
 
 var commands = map[string]func(ctx context.Context, args []string) error{
+	"manager": controllers.ManagerCommand,
 	"drain":   drainer.DrainCommand,
 	"migrate": drainer.MigrateCommand,
 	"version": func(context.Context, []string) error {
@@ -31,7 +33,7 @@ var commands = map[string]func(ctx context.Context, args []string) error{
 
 func main() {
 	if len(os.Args) < 2 || commands[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: spillway drain|migrate|version [flags]")
+		fmt.Fprintln(os.Stderr, "usage: spillway manager|drain|migrate|version [flags]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)

@@ -237,7 +237,7 @@ func (d *Drainer) Ready(ctx context.Context) error {
 		return errors.New("broker is blocking publishes (resource alarm)")
 	}
 	if err := d.store.Ping(ctx); err != nil {
-		return fmt.Errorf("database: %w", redactError(err, d.cfg.Database.URL))
+		return fmt.Errorf("database: %w", RedactError(err, d.cfg.Database.URL))
 	}
 	return nil
 }

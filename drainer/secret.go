@@ -1,6 +1,7 @@
 package drainer
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -61,4 +62,17 @@ func (s URLSource) validate(path *field.Path, what string) field.ErrorList {
 		return field.ErrorList{field.Invalid(path.Child("urlFile"), s.File, "set the URL or the file, not both")}
 	}
 	return nil
+}
+
+// RedactError removes a URL's password from an error that quotes the URL,
+// as net/url's parse errors do.
+func RedactError(err error, rawURL string) error {
+	u, perr := url.Parse(rawURL)
+	if perr != nil {
+		return errors.New("invalid URL (not shown: it may contain a password)")
+	}
+	if pw, ok := u.User.Password(); ok && pw != "" && strings.Contains(err.Error(), pw) {
+		return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
+	}
+	return err
 }

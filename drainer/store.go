@@ -63,7 +63,7 @@ func ConnectPool(ctx context.Context, src URLSource, drainerID string, synchrono
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("open database pool: %w", redactError(err, url))
+		return nil, fmt.Errorf("open database pool: %w", RedactError(err, url))
 	}
 	return pool, nil
 }

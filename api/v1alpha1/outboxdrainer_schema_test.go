@@ -1,0 +1,171 @@
+package v1alpha1_test
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+func TestAPI(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "OutboxDrainer API Suite")
+}
+
+var k8s client.Client
+
+var _ = BeforeSuite(func() {
+	env, cfg, err := testenv.StartControlPlane()
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(env.Stop)
+	scheme := runtime.NewScheme()
+	Expect(v1alpha1.AddToScheme(scheme)).To(Succeed())
+	k8s, err = client.New(cfg, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
+})
+
+// manifest is an OutboxDrainer as a user writes it, with only the required
+// fields; edit changes it before it is applied, as kubectl would send it.
+func manifest(edit func(spec map[string]any)) *unstructured.Unstructured {
+	spec := map[string]any{
+		"database": map[string]any{"urlSecretRef": map[string]any{"name": "orders-db", "key": "url"}},
+		"broker":   map[string]any{"urlSecretRef": map[string]any{"name": "rabbit", "key": "url"}},
+	}
+	if edit != nil {
+		edit(spec)
+	}
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "spillway.io/v1alpha1",
+		"kind":       "OutboxDrainer",
+		"metadata":   map[string]any{"name": testenv.UniqueObjectName("orders"), "namespace": "default"},
+		"spec":       spec,
+	}}
+	return u
+}
+
+func set(path string, value any) func(map[string]any) {
+	return func(spec map[string]any) {
+		keys := strings.Split(path, ".")
+		m := spec
+		for _, k := range keys[:len(keys)-1] {
+			if _, ok := m[k]; !ok {
+				m[k] = map[string]any{}
+			}
+			m = m[k].(map[string]any)
+		}
+		m[keys[len(keys)-1]] = value
+	}
+}
+
+func unset(path string) func(map[string]any) {
+	return func(spec map[string]any) {
+		keys := strings.Split(path, ".")
+		m := spec
+		for _, k := range keys[:len(keys)-1] {
+			m = m[k].(map[string]any)
+		}
+		delete(m, keys[len(keys)-1])
+	}
+}
+
+func all(edits ...func(map[string]any)) func(map[string]any) {
+	return func(spec map[string]any) {
+		for _, e := range edits {
+			e(spec)
+		}
+	}
+}
+
+var _ = Describe("The OutboxDrainer schema", Label("integration"), func() {
+	It("defaults every setting of a minimal fleet to the drainer's own default", func(ctx SpecContext) {
+		u := manifest(nil)
+		Expect(k8s.Create(ctx, u)).To(Succeed())
+		var od v1alpha1.OutboxDrainer
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(u), &od)).To(Succeed())
+
+		d := drainer.DefaultConfig()
+		s := od.Spec
+		Expect(s.Replicas).To(Equal(ptr.To(int32(1))))
+		Expect(s.Database.Table).To(Equal(d.Table.Name))
+		Expect(s.Broker.ExchangeType).To(Equal(d.Broker.ExchangeType))
+		Expect(s.Broker.Mandatory).To(Equal(d.Broker.Mandatory))
+		Expect(s.Broker.DeclareExchange).To(Equal(d.Broker.DeclareExchange))
+		Expect(s.Database.SynchronousCommit).To(Equal(d.SynchronousCommit))
+		Expect(int(s.BatchSize)).To(Equal(d.BatchSize))
+		Expect(int(s.PipelineDepth)).To(Equal(d.PipelineDepth))
+		Expect(s.LeaseTTL.Duration).To(Equal(d.LeaseTTL))
+		Expect(s.PollInterval.Duration).To(Equal(d.PollInterval))
+		Expect(int(s.MaxAttempts)).To(Equal(d.MaxAttempts))
+		Expect(s.RetryBackoff.Initial.Duration).To(Equal(d.RetryInitial))
+		Expect(s.RetryBackoff.Max.Duration).To(Equal(d.RetryMax))
+		Expect(s.MaxPayloadBytes).To(Equal(d.MaxPayloadBytes))
+		Expect(s.ShutdownTimeout.Duration).To(Equal(30 * time.Second))
+		Expect(s.StatusInterval.Duration).To(Equal(15 * time.Second))
+		Expect(s.Retention).To(BeNil(), "unset retention keeps rows forever")
+	})
+
+	DescribeTable("accepts",
+		func(ctx SpecContext, edit func(map[string]any)) {
+			Expect(k8s.Create(ctx, manifest(edit))).To(Succeed())
+		},
+		Entry("a lease exactly 3 × pipelineDepth × 100ms", all(set("pipelineDepth", int64(5)), set("leaseTTL", "1500ms"))),
+		Entry("a lease in minutes", all(set("pipelineDepth", int64(1000)), set("leaseTTL", "5m"))),
+		Entry("a schema-qualified table and mapped columns",
+			all(set("database.table", "app.athena_outbox"), set("database.columns.id", "event_id"), set("database.columns.enqueuedAt", "created_at"))),
+		Entry("one routing key source", set("database.routingKey.payloadField", "event_type")),
+		Entry("a positive retention", all(set("retention.published", "72h"), set("retention.unpublishedMaxAge", "720h"))),
+		Entry("zero replicas", set("replicas", int64(0))),
+	)
+
+	DescribeTable("rejects, naming the field and the rule,",
+		func(ctx SpecContext, edit func(map[string]any), message string) {
+			err := k8s.Create(ctx, manifest(edit))
+			Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want Invalid, got %v", err)
+			Expect(err.Error()).To(ContainSubstring(message))
+		},
+		Entry("a table name containing SQL", set("database.table", "outbox; DROP TABLE users"),
+			`spec.database.table: Invalid value: "outbox; DROP TABLE users": spec.database.table in body should match`),
+		Entry("a quoted table name", set("database.table", `public."Outbox"`), "spec.database.table"),
+		Entry("a column name containing SQL", set("database.columns.id", "id) OR (1=1"), "spec.database.columns.id"),
+		Entry("a routing key column containing SQL", set("database.routingKey.column", "kind --"), "spec.database.routingKey.column"),
+		Entry("batchSize 0", set("batchSize", int64(0)), "spec.batchSize: Invalid value: 0: spec.batchSize in body should be greater than or equal to 1"),
+		Entry("pipelineDepth 0", set("pipelineDepth", int64(0)), "spec.pipelineDepth"),
+		Entry("a lease too short for the default pipeline depth", set("leaseTTL", "10s"),
+			"spec.leaseTTL: Invalid value: leaseTTL 10s is too short: the lease rule is leaseTTL >= 3 × pipelineDepth × 100ms = 19200ms for pipelineDepth 64"),
+		Entry("a lease too short for its pipeline depth", all(set("pipelineDepth", int64(5)), set("leaseTTL", "1499ms")),
+			"leaseTTL 1499ms is too short: the lease rule is leaseTTL >= 3 × pipelineDepth × 100ms = 1500ms for pipelineDepth 5"),
+		Entry("a missing secret key", unset("database.urlSecretRef.key"), "spec.database.urlSecretRef.key: Required value"),
+		Entry("a missing secret name", unset("broker.urlSecretRef.name"), "spec.broker.urlSecretRef.name: Required value"),
+		Entry("an empty secret name", set("broker.urlSecretRef.name", ""), "spec.broker.urlSecretRef.name"),
+		Entry("a missing database", unset("database"), "spec.database: Required value"),
+		Entry("two routing key sources", all(set("database.routingKey.column", "kind"), set("database.routingKey.constant", "orders")),
+			"set only one of column, payloadField and constant"),
+		Entry("a zero retention", set("retention.published", "0s"), `spec.retention.published: Invalid value: "0s": must be positive`),
+		Entry("a duration that is not one", set("pollInterval", "soon"), "spec.pollInterval"),
+		Entry("a negative duration", set("pollInterval", "-1s"), "spec.pollInterval"),
+		Entry("a retry cap under the initial delay", all(set("retryBackoff.initial", "1m"), set("retryBackoff.max", "10s")),
+			"max must be at least initial"),
+		Entry("an unknown exchange type", set("broker.exchangeType", "x-delayed"), "spec.broker.exchangeType: Unsupported value"),
+		Entry("negative replicas", set("replicas", int64(-1)), "spec.replicas"),
+		Entry("maxAttempts 0", set("maxAttempts", int64(0)), "spec.maxAttempts"),
+	)
+
+	It("rejects a name too long for the metrics Service's", func(ctx SpecContext) {
+		u := manifest(nil)
+		u.SetName(strings.Repeat("a", 56))
+		err := k8s.Create(ctx, u)
+		Expect(apierrors.IsInvalid(err)).To(BeTrue(), "want Invalid, got %v", err)
+		Expect(err.Error()).To(ContainSubstring("metadata.name must be at most 55 characters"))
+	})
+})

@@ -1,0 +1,339 @@
+package v1alpha1
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Identifier is a table, schema or column name. The pattern is the
+// drainer's, deliberately stricter than Postgres: a name that needs quoting
+// to be legal is far more likely a typo or an injection than a real column.
+//
+// +kubebuilder:validation:Pattern=`^[A-Za-z_][A-Za-z0-9_]{0,62}$`
+type Identifier string
+
+// SecretKeyRef names one key of a Secret in the OutboxDrainer's namespace.
+type SecretKeyRef struct {
+	// Name of the Secret.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	Name string `json:"name"`
+	// Key within the Secret whose value is the URL.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +kubebuilder:validation:Pattern=`^[-._a-zA-Z0-9]+$`
+	// +required
+	Key string `json:"key"`
+}
+
+// Columns maps the outbox's logical columns to the table's own names. The
+// JSON names are the drainer's --columns names. An unset column has its
+// canonical name; an optional column the table lacks is not used.
+type Columns struct {
+	// +optional
+	ID Identifier `json:"id,omitempty"`
+	// +optional
+	Payload Identifier `json:"payload,omitempty"`
+	// +optional
+	Headers Identifier `json:"headers,omitempty"`
+	// +optional
+	EnqueuedAt Identifier `json:"enqueuedAt,omitempty"`
+	// +optional
+	AvailableAt Identifier `json:"availableAt,omitempty"`
+	// +optional
+	PublishedAt Identifier `json:"publishedAt,omitempty"`
+	// +optional
+	ClaimedAt Identifier `json:"claimedAt,omitempty"`
+	// +optional
+	ClaimedBy Identifier `json:"claimedBy,omitempty"`
+	// +optional
+	Attempts Identifier `json:"attempts,omitempty"`
+	// +optional
+	LastError Identifier `json:"lastError,omitempty"`
+}
+
+// RoutingKey says where a row's routing key comes from. With none set, it is
+// the event_type column.
+//
+// +kubebuilder:validation:XValidation:rule="[has(self.column), has(self.payloadField), has(self.constant)].filter(x, x).size() <= 1",message="set only one of column, payloadField and constant"
+type RoutingKey struct {
+	// Column holding the routing key.
+	// +optional
+	Column Identifier `json:"column,omitempty"`
+	// PayloadField is a top-level field of a JSON payload holding the routing key.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +optional
+	PayloadField string `json:"payloadField,omitempty"`
+	// Constant publishes every row with this routing key.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=255
+	// +optional
+	Constant string `json:"constant,omitempty"`
+}
+
+// DatabaseSpec is the outbox: where it is and how its table is laid out.
+type DatabaseSpec struct {
+	// URLSecretRef is the key of a Secret holding the Postgres connection URL.
+	// It is mounted into the drainers as a file, never passed as a value.
+	// +required
+	URLSecretRef SecretKeyRef `json:"urlSecretRef"`
+	// Table is the outbox table, as schema.table or table (schema public).
+	// +kubebuilder:validation:Pattern=`^([A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Za-z0-9_]{0,62}$`
+	// +kubebuilder:default="public.outbox"
+	// +optional
+	Table string `json:"table,omitempty"`
+	// Columns maps logical columns to the table's names.
+	// +optional
+	Columns Columns `json:"columns,omitzero"`
+	// RoutingKey says where a row's routing key comes from.
+	// +optional
+	RoutingKey RoutingKey `json:"routingKey,omitzero"`
+	// SynchronousCommit makes drainer commits wait for the WAL flush. Off, the
+	// application's commits do not queue behind the drainer's; a claim or
+	// mark lost in a crash only causes a duplicate.
+	// +optional
+	SynchronousCommit bool `json:"synchronousCommit,omitempty"`
+}
+
+// BrokerSpec is where rows are published.
+type BrokerSpec struct {
+	// URLSecretRef is the key of a Secret holding the AMQP URL.
+	// +required
+	URLSecretRef SecretKeyRef `json:"urlSecretRef"`
+	// Exchange to publish to; empty is the default exchange.
+	// +kubebuilder:validation:MaxLength=255
+	// +optional
+	Exchange string `json:"exchange,omitempty"`
+	// ExchangeType is the type DeclareExchange declares.
+	// +kubebuilder:validation:Enum=direct;fanout;topic;headers
+	// +kubebuilder:default=topic
+	// +optional
+	ExchangeType string `json:"exchangeType,omitempty"`
+	// DeclareExchange declares a durable exchange on connect, for setups where
+	// nothing else owns the topology.
+	// +optional
+	DeclareExchange bool `json:"declareExchange,omitempty"`
+	// Mandatory makes an unroutable row a failed attempt. Off by default: on a
+	// fan-out topic exchange "no queue bound yet" is normal, and mandatory
+	// would poison those events.
+	// +optional
+	Mandatory bool `json:"mandatory,omitempty"`
+}
+
+// RetryBackoff is the capped exponential delay before a failed row is
+// retried: min(initial × 2^attempts, max).
+//
+// +kubebuilder:validation:XValidation:rule="duration(self.max) >= duration(self.initial)",message="max must be at least initial"
+type RetryBackoff struct {
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive"
+	// +kubebuilder:default="1s"
+	// +optional
+	Initial metav1.Duration `json:"initial,omitzero"`
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:default="10m"
+	// +optional
+	Max metav1.Duration `json:"max,omitzero"`
+}
+
+// Retention is how long the drainers keep rows. Unset, rows are kept
+// forever; the drainer refuses zero.
+type Retention struct {
+	// Published is how long a row is kept once it is published.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive; leave it unset to keep published rows forever"
+	// +optional
+	Published *metav1.Duration `json:"published,omitempty"`
+	// UnpublishedMaxAge is the age past which a row that was never
+	// published, such as a poisoned one, is deleted.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive; leave it unset to keep unpublished rows forever"
+	// +optional
+	UnpublishedMaxAge *metav1.Duration `json:"unpublishedMaxAge,omitempty"`
+}
+
+// PodOverlay is what a fleet may add to its drainer pods.
+type PodOverlay struct {
+	// Labels added to the pods; the operator's own labels win.
+	// +optional
+	Labels map[string]string `json:"labels,omitempty"`
+	// Annotations added to the pods.
+	// +optional
+	Annotations map[string]string `json:"annotations,omitempty"`
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+	// +optional
+	// +listType=atomic
+	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+}
+
+// OutboxDrainerSpec declares a fleet of drainers for one outbox table. The
+// defaults are the drainer's own.
+//
+// +kubebuilder:validation:XValidation:rule="duration(self.leaseTTL).getMilliseconds() >= 300 * self.pipelineDepth",fieldPath=".leaseTTL",reason="FieldValueInvalid",messageExpression="'leaseTTL %s is too short: the lease rule is leaseTTL >= 3 × pipelineDepth × 100ms = %dms for pipelineDepth %d'.format([self.leaseTTL, 300 * self.pipelineDepth, self.pipelineDepth])"
+type OutboxDrainerSpec struct {
+	// Replicas is the number of drainers. They share the outbox through
+	// leases, so any number is safe.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=1
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+	// Paused scales the fleet to zero; the status is still reported.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+
+	// +required
+	Database DatabaseSpec `json:"database"`
+	// +required
+	Broker BrokerSpec `json:"broker"`
+
+	// BatchSize is the number of rows per claim.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	// +kubebuilder:default=100
+	// +optional
+	BatchSize int32 `json:"batchSize,omitempty"`
+	// PipelineDepth is the number of publisher confirms in flight at most.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100000
+	// +kubebuilder:default=64
+	// +optional
+	PipelineDepth int32 `json:"pipelineDepth,omitempty"`
+	// LeaseTTL is how long a claim is held before another drainer may take
+	// it over: at least 3 × pipelineDepth × 100ms.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:default="30s"
+	// +optional
+	LeaseTTL metav1.Duration `json:"leaseTTL,omitzero"`
+	// PollInterval is the wait between claims when the outbox is drained.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive"
+	// +kubebuilder:default="1s"
+	// +optional
+	PollInterval metav1.Duration `json:"pollInterval,omitzero"`
+	// MaxAttempts is the number of failed attempts after which a row is
+	// poisoned: never claimed again until it is replayed.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:default=10
+	// +optional
+	MaxAttempts int32 `json:"maxAttempts,omitempty"`
+	// RetryBackoff is the delay before a failed row is retried.
+	// +kubebuilder:default={initial:"1s",max:"10m"}
+	// +optional
+	RetryBackoff RetryBackoff `json:"retryBackoff,omitzero"`
+	// MaxPayloadBytes: a larger row is never loaded, and fails with the reason.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:default=16777216
+	// +optional
+	MaxPayloadBytes int64 `json:"maxPayloadBytes,omitempty"`
+	// ShutdownTimeout is how long a stopping drainer waits for its confirms
+	// and settles; the pod's grace period is longer.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive"
+	// +kubebuilder:default="30s"
+	// +optional
+	ShutdownTimeout metav1.Duration `json:"shutdownTimeout,omitzero"`
+	// +optional
+	Retention *Retention `json:"retention,omitempty"`
+
+	// StatusInterval is how often the operator reads the outbox's backlog.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
+	// +kubebuilder:default="15s"
+	// +optional
+	StatusInterval metav1.Duration `json:"statusInterval,omitzero"`
+
+	// Image overrides the drainer image, by default the operator's own.
+	// +optional
+	Image string `json:"image,omitempty"`
+	// Resources of the drainer container.
+	// +optional
+	Resources corev1.ResourceRequirements `json:"resources,omitzero"`
+	// Pod is added to the drainer pods.
+	// +optional
+	Pod PodOverlay `json:"pod,omitzero"`
+}
+
+// OutboxDrainerStatus is the fleet as observed, and the outbox's health.
+type OutboxDrainerStatus struct {
+	// ObservedGeneration is the generation the operator last fully applied.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+	// Replicas is the number of drainer pods.
+	Replicas int32 `json:"replicas"`
+	// ReadyReplicas is the number of drainer pods that are ready.
+	ReadyReplicas int32 `json:"readyReplicas"`
+	// Selector of the drainer pods, for the scale subresource.
+	// +optional
+	Selector string `json:"selector,omitempty"`
+
+	// Backlog is the number of pending rows that are not poisoned.
+	// +optional
+	Backlog *int64 `json:"backlog,omitempty"`
+	// Poisoned is the number of pending rows at maxAttempts: they are not
+	// retried until they are replayed.
+	// +optional
+	Poisoned *int64 `json:"poisoned,omitempty"`
+	// OldestPendingAge is the age of the oldest row of the backlog, by the
+	// database's clock; 0s when the backlog is empty, unset when the table
+	// has no enqueuedAt column.
+	// +optional
+	OldestPendingAge *metav1.Duration `json:"oldestPendingAge,omitempty"`
+	// LastProbeTime is when the outbox was last read.
+	// +optional
+	LastProbeTime *metav1.Time `json:"lastProbeTime,omitempty"`
+
+	// +listType=map
+	// +listMapKey=type
+	// +optional
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// OutboxDrainer is a fleet of drainers moving one outbox table's rows to
+// RabbitMQ, and the outbox's health.
+//
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
+// +kubebuilder:resource:shortName=od,categories=spillway
+// +kubebuilder:printcolumn:name="Ready",type=string,JSONPath=`.status.conditions[?(@.type=="Ready")].status`
+// +kubebuilder:printcolumn:name="Replicas",type=integer,JSONPath=`.status.replicas`
+// +kubebuilder:printcolumn:name="Backlog",type=integer,JSONPath=`.status.backlog`
+// +kubebuilder:printcolumn:name="Poisoned",type=integer,JSONPath=`.status.poisoned`
+// +kubebuilder:printcolumn:name="Oldest",type=string,JSONPath=`.status.oldestPendingAge`
+// +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 55",message="metadata.name must be at most 55 characters, so that <name>-metrics is a valid Service name"
+type OutboxDrainer struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   OutboxDrainerSpec   `json:"spec"`
+	Status OutboxDrainerStatus `json:"status,omitzero"`
+}
+
+// OutboxDrainerList is a list of OutboxDrainers.
+//
+// +kubebuilder:object:root=true
+type OutboxDrainerList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []OutboxDrainer `json:"items"`
+}

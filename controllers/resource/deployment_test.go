@@ -1,0 +1,218 @@
+package resource
+
+import (
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+
+	"github.com/spillway-io/spillway/api/v1alpha1"
+)
+
+// builtDeployment runs Build then Update, as CreateOrUpdate does for a new object.
+func builtDeployment(od *v1alpha1.OutboxDrainer) *appsv1.Deployment {
+	b := builderFor(od).Deployment()
+	d := b.Build().(*appsv1.Deployment)
+	Expect(b.Update(d)).To(Succeed())
+	return d
+}
+
+func drainerContainer(d *appsv1.Deployment) corev1.Container {
+	Expect(d.Spec.Template.Spec.Containers).To(HaveLen(1))
+	return d.Spec.Template.Spec.Containers[0]
+}
+
+var _ = Describe("The drainer Deployment", func() {
+	var od *v1alpha1.OutboxDrainer
+	BeforeEach(func() { od = outboxDrainer() })
+
+	It("runs spillway drain with every setting as a flag, the operator's image, and its own name", func() {
+		d := builtDeployment(od)
+		Expect(d.Name).To(Equal("orders"))
+		Expect(d.Namespace).To(Equal("shop"))
+		c := drainerContainer(d)
+		Expect(c.Image).To(Equal("ghcr.io/spillway-io/spillway:v1.2.3"))
+		Expect(c.Args).To(Equal([]string{
+			"drain",
+			"--table=public.outbox",
+			"--database-url-file=/var/run/secrets/spillway/database/url",
+			"--synchronous-commit=false",
+			"--broker-url-file=/var/run/secrets/spillway/broker/url",
+			"--exchange=orders",
+			"--exchange-type=topic",
+			"--declare-exchange=false",
+			"--mandatory=false",
+			"--batch-size=100",
+			"--pipeline-depth=64",
+			"--lease-ttl=30s",
+			"--poll-interval=1s",
+			"--max-attempts=10",
+			"--retry-initial=1s",
+			"--retry-max=10m0s",
+			"--max-payload-bytes=16777216",
+			"--shutdown-timeout=30s",
+			"--metrics-addr=:8080",
+		}))
+	})
+
+	It("passes the column mapping, the routing key source and the retention only when they are set", func() {
+		od.Spec.Database.Table = "app.athena_outbox"
+		od.Spec.Database.Columns = v1alpha1.Columns{ID: "event_id", EnqueuedAt: "created_at"}
+		od.Spec.Database.RoutingKey = v1alpha1.RoutingKey{PayloadField: "event_type"}
+		od.Spec.Retention = &v1alpha1.Retention{Published: &metav1.Duration{Duration: 72 * time.Hour}}
+		args := drainerContainer(builtDeployment(od)).Args
+		Expect(args).To(ContainElements(
+			"--table=app.athena_outbox",
+			"--columns=id=event_id,enqueuedAt=created_at",
+			"--routing-key-field=event_type",
+			"--retention-published=72h0m0s",
+		))
+		Expect(args).NotTo(ContainElement(HavePrefix("--retention-unpublished-max-age")))
+		Expect(args).NotTo(ContainElement(HavePrefix("--routing-key=")))
+		Expect(args).NotTo(ContainElement(HavePrefix("--routing-key-column")))
+
+		od.Spec.Database.RoutingKey = v1alpha1.RoutingKey{Constant: "orders.v1"}
+		Expect(drainerContainer(builtDeployment(od)).Args).To(ContainElement("--routing-key=orders.v1"))
+	})
+
+	It("mounts only the referenced Secret keys, read-only, and never puts a secret in env or args", func() {
+		d := builtDeployment(od)
+		pod := d.Spec.Template.Spec
+		Expect(pod.Volumes).To(ConsistOf(
+			corev1.Volume{Name: "database-url", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName: "orders-db", Items: []corev1.KeyToPath{{Key: "url", Path: "url"}}, DefaultMode: ptr.To(int32(0o440)),
+			}}},
+			corev1.Volume{Name: "broker-url", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName: "rabbit", Items: []corev1.KeyToPath{{Key: "amqp-url", Path: "url"}}, DefaultMode: ptr.To(int32(0o440)),
+			}}},
+		))
+		c := drainerContainer(d)
+		Expect(c.VolumeMounts).To(ConsistOf(
+			corev1.VolumeMount{Name: "database-url", MountPath: "/var/run/secrets/spillway/database", ReadOnly: true},
+			corev1.VolumeMount{Name: "broker-url", MountPath: "/var/run/secrets/spillway/broker", ReadOnly: true},
+		))
+		Expect(c.EnvFrom).To(BeEmpty())
+		for _, e := range c.Env {
+			Expect(e.ValueFrom == nil || e.ValueFrom.SecretKeyRef == nil).To(BeTrue(), e.Name)
+		}
+		Expect(c.Args).NotTo(ContainElement(HavePrefix("--database-url=")))
+		Expect(c.Args).NotTo(ContainElement(HavePrefix("--broker-url=")))
+	})
+
+	It("takes the drainer ID from the pod name through the downward API", func() {
+		Expect(drainerContainer(builtDeployment(od)).Env).To(ConsistOf(corev1.EnvVar{
+			Name:      "POD_NAME",
+			ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}},
+		}))
+	})
+
+	It("probes liveness and readiness on the drainer's metrics port", func() {
+		c := drainerContainer(builtDeployment(od))
+		Expect(c.Ports).To(ConsistOf(corev1.ContainerPort{Name: "metrics", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}))
+		Expect(c.LivenessProbe.HTTPGet).To(Equal(&corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("metrics")}))
+		Expect(c.ReadinessProbe.HTTPGet).To(Equal(&corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("metrics")}))
+	})
+
+	It("runs restricted: non-root, read-only root filesystem, no capabilities, RuntimeDefault seccomp, no API token", func() {
+		d := builtDeployment(od)
+		pod := d.Spec.Template.Spec
+		Expect(pod.SecurityContext.RunAsNonRoot).To(Equal(ptr.To(true)))
+		Expect(pod.SecurityContext.SeccompProfile).To(Equal(&corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault}))
+		Expect(pod.AutomountServiceAccountToken).To(Equal(ptr.To(false)))
+		Expect(pod.ServiceAccountName).To(Equal("orders"))
+		sc := drainerContainer(d).SecurityContext
+		Expect(sc.AllowPrivilegeEscalation).To(Equal(ptr.To(false)))
+		Expect(sc.ReadOnlyRootFilesystem).To(Equal(ptr.To(true)))
+		Expect(sc.RunAsNonRoot).To(Equal(ptr.To(true)))
+		Expect(sc.Capabilities.Drop).To(ConsistOf(corev1.Capability("ALL")))
+		Expect(sc.Capabilities.Add).To(BeEmpty())
+	})
+
+	It("gives a stopping drainer longer than its shutdown timeout before the kubelet kills it", func() {
+		od.Spec.ShutdownTimeout = metav1.Duration{Duration: 45500 * time.Millisecond}
+		d := builtDeployment(od)
+		Expect(drainerContainer(d).Args).To(ContainElement("--shutdown-timeout=45.5s"))
+		Expect(*d.Spec.Template.Spec.TerminationGracePeriodSeconds).To(Equal(int64(56)))
+	})
+
+	It("is owned by its OutboxDrainer", func() {
+		Expect(builtDeployment(od).OwnerReferences).To(ConsistOf(metav1.OwnerReference{
+			APIVersion: "spillway.io/v1alpha1", Kind: "OutboxDrainer", Name: "orders", UID: od.UID,
+			Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true),
+		}))
+	})
+
+	It("adds the pod overlay, with the operator's labels winning, and takes the image override", func() {
+		od.Spec.Image = "registry.example/spillway:canary"
+		od.Spec.Pod = v1alpha1.PodOverlay{
+			Labels:       map[string]string{"team": "payments", "app.kubernetes.io/instance": "hijack"},
+			Annotations:  map[string]string{"prometheus.io/scrape": "true"},
+			NodeSelector: map[string]string{"pool": "general"},
+			Tolerations:  []corev1.Toleration{{Key: "dedicated", Operator: corev1.TolerationOpExists}},
+		}
+		d := builtDeployment(od)
+		tmpl := d.Spec.Template
+		Expect(tmpl.Labels).To(HaveKeyWithValue("team", "payments"))
+		Expect(tmpl.Labels).To(HaveKeyWithValue("app.kubernetes.io/instance", "orders"))
+		Expect(tmpl.Annotations).To(Equal(map[string]string{"prometheus.io/scrape": "true"}))
+		Expect(tmpl.Spec.NodeSelector).To(Equal(map[string]string{"pool": "general"}))
+		Expect(tmpl.Spec.Tolerations).To(Equal(od.Spec.Pod.Tolerations))
+		Expect(drainerContainer(d).Image).To(Equal("registry.example/spillway:canary"))
+		Expect(od.Spec.Pod.Labels).To(HaveKeyWithValue("app.kubernetes.io/instance", "hijack"), "the spec is not modified")
+	})
+
+	It("selects its pods by labels that do not depend on the spec", func() {
+		d := builtDeployment(od)
+		od.Spec.BatchSize = 7
+		Expect(builtDeployment(od).Spec.Selector).To(Equal(d.Spec.Selector))
+		Expect(d.Spec.Template.Labels).To(HaveKeyWithValue("app.kubernetes.io/instance", "orders"))
+		Expect(metav1.LabelSelectorAsMap(d.Spec.Selector)).To(Equal(SelectorLabels(od)))
+	})
+
+	Describe("updating a live Deployment", func() {
+		It("leaves the spec the API server defaulted alone while the built spec's hash is unchanged", func() {
+			live := builtDeployment(od)
+			hash := live.Annotations[SpecHashAnnotation]
+			Expect(hash).NotTo(BeEmpty())
+			live.Spec.Template.Spec.DNSPolicy = corev1.DNSClusterFirst
+			live.Spec.RevisionHistoryLimit = ptr.To(int32(10))
+			before := live.DeepCopy()
+
+			Expect(builderFor(od).Deployment().Update(live)).To(Succeed())
+			Expect(live).To(Equal(before))
+		})
+
+		It("rewrites the spec and the hash when a setting changes", func() {
+			live := builtDeployment(od)
+			hash := live.Annotations[SpecHashAnnotation]
+			od.Spec.BatchSize = 500
+			Expect(builderFor(od).Deployment().Update(live)).To(Succeed())
+			Expect(live.Annotations[SpecHashAnnotation]).NotTo(Equal(hash))
+			Expect(drainerContainer(live).Args).To(ContainElement("--batch-size=500"))
+		})
+
+		It("scales without a rollout, and takes the replica count back from whoever scaled the Deployment itself", func() {
+			live := builtDeployment(od)
+			hash := live.Annotations[SpecHashAnnotation]
+			od.Spec.Replicas = ptr.To(int32(3))
+			Expect(builderFor(od).Deployment().Update(live)).To(Succeed())
+			Expect(live.Spec.Replicas).To(Equal(ptr.To(int32(3))))
+			Expect(live.Annotations[SpecHashAnnotation]).To(Equal(hash))
+
+			live.Spec.Replicas = ptr.To(int32(9))
+			Expect(builderFor(od).Deployment().Update(live)).To(Succeed())
+			Expect(live.Spec.Replicas).To(Equal(ptr.To(int32(3))))
+		})
+
+		It("scales a paused fleet to zero", func() {
+			od.Spec.Replicas = ptr.To(int32(3))
+			od.Spec.Paused = true
+			Expect(builtDeployment(od).Spec.Replicas).To(Equal(ptr.To(int32(0))))
+		})
+	})
+})

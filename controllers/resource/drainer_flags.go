@@ -1,0 +1,111 @@
+package resource
+
+import (
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/drainer"
+)
+
+// Where a drainer finds its connection URLs: each referenced Secret key is
+// mounted as a file, never passed as a value, and the drainer re-reads it on
+// every reconnect, so a rotated Secret needs no restart.
+const (
+	DatabaseURLDir = "/var/run/secrets/spillway/database"
+	BrokerURLDir   = "/var/run/secrets/spillway/broker"
+	urlFile        = "url"
+)
+
+// columnMapping pairs each logical column, named as in --columns, with the
+// spec's name for it; "" keeps the canonical name.
+func columnMapping(c v1alpha1.Columns) [][2]string {
+	return [][2]string{
+		{"id", string(c.ID)},
+		{"payload", string(c.Payload)},
+		{"headers", string(c.Headers)},
+		{"enqueuedAt", string(c.EnqueuedAt)},
+		{"availableAt", string(c.AvailableAt)},
+		{"publishedAt", string(c.PublishedAt)},
+		{"claimedAt", string(c.ClaimedAt)},
+		{"claimedBy", string(c.ClaimedBy)},
+		{"attempts", string(c.Attempts)},
+		{"lastError", string(c.LastError)},
+	}
+}
+
+// TableSpec is the drainer's view of the spec's table, so that the
+// operator's status query resolves the table exactly as a drainer does.
+func TableSpec(db v1alpha1.DatabaseSpec) (drainer.TableSpec, error) {
+	spec := drainer.TableSpec{
+		Name: db.Table,
+		RoutingKey: drainer.RoutingKey{
+			Column:       string(db.RoutingKey.Column),
+			PayloadField: db.RoutingKey.PayloadField,
+			Constant:     db.RoutingKey.Constant,
+		},
+	}
+	for _, m := range columnMapping(db.Columns) {
+		if m[1] == "" {
+			continue
+		}
+		if err := spec.Columns.Set(m[0], m[1]); err != nil {
+			return spec, fmt.Errorf("map column %s: %w", m[0], err)
+		}
+	}
+	return spec, nil
+}
+
+// DrainArgs are the arguments of `spillway drain` for a spec: every setting
+// explicit, so the Deployment says what its drainers do.
+func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
+	args := []string{"drain", "--table=" + s.Database.Table}
+	var mapped []string
+	for _, m := range columnMapping(s.Database.Columns) {
+		if m[1] != "" {
+			mapped = append(mapped, m[0]+"="+m[1])
+		}
+	}
+	if len(mapped) > 0 {
+		args = append(args, "--columns="+strings.Join(mapped, ","))
+	}
+	switch rk := s.Database.RoutingKey; {
+	case rk.Column != "":
+		args = append(args, "--routing-key-column="+string(rk.Column))
+	case rk.PayloadField != "":
+		args = append(args, "--routing-key-field="+rk.PayloadField)
+	case rk.Constant != "":
+		args = append(args, "--routing-key="+rk.Constant)
+	}
+	args = append(args,
+		"--database-url-file="+path.Join(DatabaseURLDir, urlFile),
+		"--synchronous-commit="+strconv.FormatBool(s.Database.SynchronousCommit),
+		"--broker-url-file="+path.Join(BrokerURLDir, urlFile),
+		"--exchange="+s.Broker.Exchange,
+		"--exchange-type="+s.Broker.ExchangeType,
+		"--declare-exchange="+strconv.FormatBool(s.Broker.DeclareExchange),
+		"--mandatory="+strconv.FormatBool(s.Broker.Mandatory),
+		"--batch-size="+strconv.Itoa(int(s.BatchSize)),
+		"--pipeline-depth="+strconv.Itoa(int(s.PipelineDepth)),
+		"--lease-ttl="+s.LeaseTTL.Duration.String(),
+		"--poll-interval="+s.PollInterval.Duration.String(),
+		"--max-attempts="+strconv.Itoa(int(s.MaxAttempts)),
+		"--retry-initial="+s.RetryBackoff.Initial.Duration.String(),
+		"--retry-max="+s.RetryBackoff.Max.Duration.String(),
+		"--max-payload-bytes="+strconv.FormatInt(s.MaxPayloadBytes, 10),
+		"--shutdown-timeout="+s.ShutdownTimeout.Duration.String(),
+		fmt.Sprintf("--metrics-addr=:%d", MetricsPort),
+	)
+	// Unset retention keeps rows forever; the drainer refuses a zero one.
+	if r := s.Retention; r != nil {
+		if r.Published != nil {
+			args = append(args, "--retention-published="+r.Published.Duration.String())
+		}
+		if r.UnpublishedMaxAge != nil {
+			args = append(args, "--retention-unpublished-max-age="+r.UnpublishedMaxAge.Duration.String())
+		}
+	}
+	return args
+}
