@@ -114,16 +114,24 @@ func newFlagSet(cfg *Config) *flag.FlagSet {
 	return fs
 }
 
-// DrainCommand is `spillway drain`.
-func DrainCommand(ctx context.Context, args []string) error {
-	cfg := DefaultConfig()
+// ParseDrainFlags turns the arguments of `spillway drain` into a checked
+// config and the address of the metrics and probes. The operator's
+// Deployment builder is tested against it.
+func ParseDrainFlags(args []string) (cfg Config, httpAddr string, err error) {
+	cfg = DefaultConfig()
 	cfg.DrainerID = defaultDrainerID()
 	fs := newFlagSet(&cfg)
-	httpAddr := fs.String("metrics-addr", ":8080", "listen address of /metrics, /healthz and /readyz (empty: off)")
+	fs.StringVar(&httpAddr, "metrics-addr", ":8080", "listen address of /metrics, /healthz and /readyz (empty: off)")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return cfg, "", err
 	}
-	if err := cfg.Validate(); err != nil {
+	return cfg, httpAddr, cfg.Validate()
+}
+
+// DrainCommand is `spillway drain`.
+func DrainCommand(ctx context.Context, args []string) error {
+	cfg, httpAddr, err := ParseDrainFlags(args)
+	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("drainer", cfg.DrainerID)
@@ -145,11 +153,11 @@ func DrainCommand(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *httpAddr != "" {
-		srv := &http.Server{Addr: *httpAddr, Handler: probeMux(reg, d), ReadHeaderTimeout: 5 * time.Second}
+	if httpAddr != "" {
+		srv := &http.Server{Addr: httpAddr, Handler: probeMux(reg, d), ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("HTTP server stopped", "addr", *httpAddr, "error", err)
+				log.Error("HTTP server stopped", "addr", httpAddr, "error", err)
 			}
 		}()
 		defer srv.Close()
