@@ -1,11 +1,12 @@
 // Package faults takes the shared services down under running drainer
-// processes: it stops RabbitMQ, raises its memory alarm and kills Postgres
-// sessions. It runs on its own, after the other suites (make test), and puts
+// processes: it stops RabbitMQ, raises its memory alarm, restarts Postgres
+// and kills Postgres sessions. It runs on its own, after the other suites (make test), and puts
 // every service back even when a spec fails.
 package faults
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -96,6 +97,15 @@ func (f fleet) expectDelivered(ctx context.Context) {
 	})
 }
 
+// postgresCluster starts, stops or restarts the local Postgres cluster.
+func postgresCluster(action string) {
+	versions, err := os.ReadDir("/etc/postgresql")
+	Expect(err).NotTo(HaveOccurred())
+	Expect(versions).NotTo(BeEmpty())
+	out, err := exec.Command("pg_ctlcluster", "--skip-systemctl-redirect", versions[0].Name(), "main", action).CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "pg_ctlcluster %s: %s", action, out)
+}
+
 func rabbitmqctl(args ...string) string {
 	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "rabbitmqctl %v: %s", args, out)
@@ -144,6 +154,25 @@ var _ = Describe("Faults", Label("faults"), Serial, func() {
 
 		rabbitmqctl("set_vm_memory_high_watermark", watermark)
 		f.expectDelivered(ctx)
+	})
+
+	It("finishes the drain after Postgres restarts mid-drain, losing no row and counting no attempt", func(ctx SpecContext) {
+		f := newFleet(ctx, 30_000)
+		addr := testenv.FreeAddr()
+		f.drain("fault-restart", addr)
+		f.waitPublished(ctx, 2000)
+
+		DeferCleanup(func() {
+			if exec.Command("pg_isready", "-h", "127.0.0.1", "-q").Run() != nil {
+				postgresCluster("start")
+			}
+		})
+		postgresCluster("restart")
+		Eventually(func() error { return pool.Ping(ctx) }, 60*time.Second, 100*time.Millisecond).Should(Succeed())
+		Expect(f.count(ctx, "published_at IS NULL")).To(BeNumerically(">", 0), "restarted mid-drain")
+
+		f.expectDelivered(ctx)
+		Eventually(func() int { return testenv.Probe(addr, "/readyz") }, 30*time.Second).Should(Equal(200))
 	})
 
 	It("recovers from its Postgres sessions being terminated mid-drain, losing no row", func(ctx SpecContext) {
