@@ -201,20 +201,12 @@ func (d *Drainer) pruneLoop(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		if r.Published != nil {
-			n, err := d.store.Prune(ctx, table.PrunePublished(*r.Published, r.BatchSize), r.BatchSize)
-			d.metrics.Pruned.WithLabelValues("published").Add(float64(n))
-			if err != nil && ctx.Err() == nil {
-				d.log.Error("Pruning published rows failed", "error", err, "deleted", n)
-			} else if n > 0 {
+			if n := d.prune(ctx, "published", table.PrunePublished(*r.Published, r.BatchSize)); n > 0 {
 				d.log.Info("Pruned published rows", "rows", n, "olderThan", r.Published.String())
 			}
 		}
 		if r.UnpublishedMaxAge != nil {
-			n, err := d.store.Prune(ctx, table.PruneUnpublished(*r.UnpublishedMaxAge, d.cfg.LeaseTTL, r.BatchSize), r.BatchSize)
-			d.metrics.Pruned.WithLabelValues("unpublished").Add(float64(n))
-			if err != nil && ctx.Err() == nil {
-				d.log.Error("Dropping old unpublished rows failed", "error", err, "deleted", n)
-			} else if n > 0 {
+			if n := d.prune(ctx, "unpublished", table.PruneUnpublished(*r.UnpublishedMaxAge, d.cfg.LeaseTTL, r.BatchSize)); n > 0 {
 				d.log.Warn("Dropped unpublished rows past retention.unpublishedMaxAge; they were never published",
 					"rows", n, "olderThan", r.UnpublishedMaxAge.String())
 			}
@@ -225,6 +217,17 @@ func (d *Drainer) pruneLoop(ctx context.Context) {
 		case <-tick.C:
 		}
 	}
+}
+
+// prune runs one retention statement until nothing is left to delete, and
+// returns how many rows it deleted.
+func (d *Drainer) prune(ctx context.Context, kind string, stmt Statement) int64 {
+	n, err := d.store.Prune(ctx, stmt, d.cfg.Retention.BatchSize)
+	d.metrics.Pruned.WithLabelValues(kind).Add(float64(n))
+	if err != nil && ctx.Err() == nil {
+		d.log.Error("Retention failed; retrying at the next interval", "kind", kind, "deleted", n, "error", err)
+	}
+	return n
 }
 
 // Ready reports why the drainer cannot drain right now, or nil: the broker
