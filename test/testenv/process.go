@@ -14,8 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	. "github.com/onsi/ginkgo/v2"
-	. "github.com/onsi/gomega"
+	"github.com/onsi/ginkgo/v2"
+	"github.com/onsi/gomega"
 	"github.com/onsi/gomega/gexec"
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -24,8 +24,8 @@ import (
 // process; the artifacts are removed when the suite ends.
 func BuildSpillway() string {
 	bin, err := gexec.Build("github.com/spillway-io/spillway")
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(gexec.CleanupBuildArtifacts)
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	ginkgo.DeferCleanup(gexec.CleanupBuildArtifacts)
 	return bin
 }
 
@@ -34,9 +34,9 @@ func BuildSpillway() string {
 func Start(bin string, args ...string) *gexec.Session {
 	cmd := exec.Command(bin, args...)
 	cmd.Env = append(os.Environ(), "DATABASE_URL=", "BROKER_URL=", "POD_NAME=")
-	s, err := gexec.Start(cmd, GinkgoWriter, GinkgoWriter)
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(func() { s.Kill().Wait(10 * time.Second) })
+	s, err := gexec.Start(cmd, ginkgo.GinkgoWriter, ginkgo.GinkgoWriter)
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	ginkgo.DeferCleanup(func() { s.Kill().Wait(10 * time.Second) })
 	return s
 }
 
@@ -44,34 +44,34 @@ func Start(bin string, args ...string) *gexec.Session {
 // test ends, and returns its name.
 func Migrate(bin string, db *pgxpool.Pool, prefix string, extra ...string) string {
 	table := "public." + UniqueName(prefix)
-	DeferCleanup(func(ctx SpecContext) {
+	ginkgo.DeferCleanup(func(ctx ginkgo.SpecContext) {
 		_, err := db.Exec(ctx, "DROP TABLE IF EXISTS "+table)
-		Expect(err).NotTo(HaveOccurred())
+		gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	})
 	s := Start(bin, append([]string{"migrate", "--database-url", DatabaseURL(), "--table", table}, extra...)...)
-	Eventually(s, 30*time.Second).Should(gexec.Exit(0))
+	gomega.Eventually(s, 30*time.Second).Should(gexec.Exit(0))
 	return table
 }
 
 // Seed inserts n rows with routing key order.created.
 func Seed(ctx context.Context, db *pgxpool.Pool, table string, n int) {
 	_, err := db.Exec(ctx, "INSERT INTO "+table+" (event_type, payload) SELECT 'order.created', jsonb_build_object('n', g) FROM generate_series(1, $1) g", n)
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 }
 
 // Count is the number of rows of table matching where.
 func Count(ctx context.Context, db *pgxpool.Pool, table, where string, args ...any) int {
 	var n int
-	Expect(db.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE "+where, args...).Scan(&n)).To(Succeed())
+	gomega.Expect(db.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE "+where, args...).Scan(&n)).To(gomega.Succeed())
 	return n
 }
 
 // IDs lists the ids of every row of table.
 func IDs(ctx context.Context, db *pgxpool.Pool, table string) []string {
 	rows, err := db.Query(ctx, "SELECT id::text FROM "+table)
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	return ids
 }
 
@@ -79,10 +79,10 @@ func IDs(ctx context.Context, db *pgxpool.Pool, table string) []string {
 // timeout, and returns the ids that never did and how many duplicates came.
 // At-least-once delivery allows duplicates; it does not allow a missing id.
 func Undelivered(ch *amqp.Channel, queue string, want []string, timeout time.Duration) (missing []string, duplicates int) {
-	Expect(ch.Qos(1000, 0, false)).To(Succeed())
+	gomega.Expect(ch.Qos(1000, 0, false)).To(gomega.Succeed())
 	tag := UniqueName("consumer")
 	deliveries, err := ch.Consume(queue, tag, true, true, false, false, nil)
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	defer func() { _ = ch.Cancel(tag, false) }()
 	pending := make(map[string]bool, len(want))
 	for _, id := range want {
@@ -111,7 +111,7 @@ func Undelivered(ch *amqp.Channel, queue string, want []string, timeout time.Dur
 // FreeAddr is a loopback address with a port nothing listens on.
 func FreeAddr() string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
-	Expect(err).NotTo(HaveOccurred())
+	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	defer l.Close()
 	return l.Addr().String()
 }
