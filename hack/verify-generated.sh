@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fails when the generated deepcopy code, CRD or RBAC differ from what
+# Fails when the generated deepcopy code, CRD (and the chart's copy) or RBAC differ from what
 # controller-gen makes of the current sources. Generates into a copy of the
 # work tree, so uncommitted work is compared as it is and left untouched.
 set -euo pipefail
@@ -11,7 +11,7 @@ trap 'rm -rf "$copy"' EXIT
 tar --exclude=./bin --exclude=./.git -cf - . | tar -xf - -C "$copy"
 (cd "$copy" && make --no-print-directory -s generate manifests CONTROLLER_GEN="$CONTROLLER_GEN" >/dev/null)
 stale=0
-for dir in api config; do
+for dir in api config charts/spillway/crds; do
   if ! diff -r "$dir" "$copy/$dir"; then
     stale=1
   fi
