@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fails when the generated deepcopy code, CRD (and the chart's copy) or RBAC differ from what
-# controller-gen makes of the current sources. Generates into a copy of the
-# work tree, so uncommitted work is compared as it is and left untouched.
+# Fails when the generated deepcopy code, the CRD (and the chart's copy of it)
+# or the RBAC differ from what controller-gen makes of the current sources.
+# Generates into a copy of the work tree, so uncommitted work is compared as
+# it is and left untouched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${CONTROLLER_GEN:?set CONTROLLER_GEN to the controller-gen binary (make verify-generated does)}"
