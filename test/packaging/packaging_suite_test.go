@@ -21,7 +21,9 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
 
 	"github.com/spillway-io/spillway/controllers"
@@ -43,13 +45,19 @@ var (
 	toolEnv []string
 	// k8s reads and writes straight to the API server.
 	k8s client.Client
+	env *envtest.Environment
+	// spillway is the binary, built for the suite.
+	spillway string
 )
 
 var _ = BeforeSuite(func() {
 	helm = os.Getenv("HELM")
 	Expect(helm).NotTo(BeEmpty(), "HELM is not set: make test builds helm into bin/ and sets it")
 
-	env, cfg, err := testenv.StartEmptyControlPlane()
+	spillway = testenv.BuildSpillway()
+	var cfg *rest.Config
+	var err error
+	env, cfg, err = testenv.StartEmptyControlPlane()
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(env.Stop)
 	dir, err := os.MkdirTemp("", "spillway-packaging")
@@ -83,6 +91,22 @@ func runWithInput(stdin []byte, name string, args ...string) (string, error) {
 	out, err := cmd.CombinedOutput()
 	GinkgoWriter.Printf("$ %s %s\n%s\n", filepath.Base(name), strings.Join(args, " "), out)
 	return string(out), err
+}
+
+// serviceAccountKubeconfig writes a kubeconfig that authenticates as a
+// ServiceAccount, so that what runs with it has exactly the RBAC the chart
+// grants that account.
+func serviceAccountKubeconfig(namespace, name string) string {
+	user, err := env.AddUser(envtest.User{
+		Name:   "system:serviceaccount:" + namespace + ":" + name,
+		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace},
+	}, nil)
+	Expect(err).NotTo(HaveOccurred())
+	config, err := user.KubeConfig()
+	Expect(err).NotTo(HaveOccurred())
+	path := filepath.Join(GinkgoT().TempDir(), "kubeconfig")
+	Expect(os.WriteFile(path, config, 0o600)).To(Succeed())
+	return path
 }
 
 // mustRun is run for a command that has to succeed.
@@ -127,8 +151,8 @@ func kinds(objs []*unstructured.Unstructured) []string {
 	return out
 }
 
-// object converts the one object of a kind and name among objs to T.
-func object[T any](objs []*unstructured.Unstructured, kind, name string) T {
+// find returns the one object of a kind and name among objs.
+func find(objs []*unstructured.Unstructured, kind, name string) *unstructured.Unstructured {
 	var found []*unstructured.Unstructured
 	for _, o := range objs {
 		if o.GetKind() == kind && o.GetName() == name {
@@ -136,8 +160,13 @@ func object[T any](objs []*unstructured.Unstructured, kind, name string) T {
 		}
 	}
 	Expect(found).To(HaveLen(1), "%s/%s among %v", kind, name, kinds(objs))
+	return found[0]
+}
+
+// object is find's object converted to T.
+func object[T any](objs []*unstructured.Unstructured, kind, name string) T {
 	var typed T
-	Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(found[0].Object, &typed)).To(Succeed())
+	Expect(runtime.DefaultUnstructuredConverter.FromUnstructured(find(objs, kind, name).Object, &typed)).To(Succeed())
 	return typed
 }
 
