@@ -84,7 +84,7 @@ demo: build services ## Drain a seeded outbox in the local Postgres to RabbitMQ 
 IMG ?= ghcr.io/spillway-io/spillway:$(VERSION)
 
 .PHONY: docker-build
-docker-build: ## Build the image $(IMG) (manager and drainer) with Docker.
+docker-build: ## Build the one image of the operator and its drainers with Docker, tagged IMG.
 	docker build --build-arg VERSION=$(VERSION) -t $(IMG) .
 
 STATICCHECK_VERSION ?= v0.8.2

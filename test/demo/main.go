@@ -94,11 +94,6 @@ func run(ctx context.Context, o options, out io.Writer) error {
 		return err
 	}
 	defer topology.Delete(ch)
-	logs, err := os.MkdirTemp("", "spillway-demo")
-	if err != nil {
-		return err
-	}
-
 	fmt.Fprintf(out, "Spillway demo: %d events, %d drainers, local Postgres and RabbitMQ\n", o.events, o.drainers)
 	if err := migrate(ctx, o.spillway, spec.Name, out); err != nil {
 		return err
@@ -112,13 +107,17 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	}
 	fmt.Fprintf(out, "seeded %d events; publishing to exchange %s, bound to queue %s\n", o.events, topology.Exchange, topology.Queue)
 
-	fleet, err := startFleet(o, spec.Name, topology.Exchange, logs)
+	logs, err := os.MkdirTemp("", "spillway-demo")
 	if err != nil {
 		return err
 	}
-	drained, watchErr := watch(ctx, o, services.DB, store.Table(), fleet, out)
-	published := fleet.published()
-	stopErr := fleet.stop(out)
+	drainers, err := startFleet(o, spec.Name, topology.Exchange, logs)
+	if err != nil {
+		return fmt.Errorf("%w (drainer logs in %s)", err, logs)
+	}
+	drained, watchErr := watch(ctx, o, services.DB, store.Table(), drainers, out)
+	published := drainers.published()
+	stopErr := drainers.stop(out)
 	if err := errors.Join(watchErr, stopErr); err != nil {
 		return fmt.Errorf("%w (drainer logs in %s)", err, logs)
 	}
@@ -166,7 +165,7 @@ func drainerEnv() []string {
 // watch prints the outbox's backlog, read with the operator's status query,
 // and the rate at which it falls, until it is empty; it returns how long
 // that took.
-func watch(ctx context.Context, o options, db *pgxpool.Pool, table *drainer.Table, fleet fleet, out io.Writer) (time.Duration, error) {
+func watch(ctx context.Context, o options, db *pgxpool.Pool, table *drainer.Table, drainers fleet, out io.Writer) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	ticker := time.NewTicker(o.tick)
@@ -179,7 +178,7 @@ func watch(ctx context.Context, o options, db *pgxpool.Pool, table *drainer.Tabl
 			return time.Since(start), fmt.Errorf("outbox not drained: %w", ctx.Err())
 		case <-ticker.C:
 		}
-		if err := fleet.exited(); err != nil {
+		if err := drainers.exited(); err != nil {
 			return time.Since(start), err
 		}
 		status, err := drainer.ReadOutboxStatus(ctx, db, table, drainer.DefaultConfig().MaxAttempts)
@@ -188,7 +187,10 @@ func watch(ctx context.Context, o options, db *pgxpool.Pool, table *drainer.Tabl
 		}
 		now := time.Now()
 		fmt.Fprintln(out, progressLine(now.Sub(start), status, rate(last, status.Backlog, now.Sub(lastAt))))
-		if status.Backlog == 0 && status.Poisoned == 0 {
+		if status.Backlog == 0 {
+			if status.Poisoned > 0 {
+				return now.Sub(start), fmt.Errorf("%d rows poisoned: the broker refused them", status.Poisoned)
+			}
 			return now.Sub(start), nil
 		}
 		last, lastAt = status.Backlog, now

@@ -6,9 +6,9 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/onsi/gomega/gexec"
 
 	"github.com/spillway-io/spillway/test/testenv"
