@@ -87,7 +87,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	dir, err := os.MkdirTemp("", "spillway-kubeconfig")
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(os.RemoveAll, dir)
-	kubeconfig, err = testenv.WriteKubeconfig(env, dir)
+	kubeconfig, err = testenv.WriteKubeconfig(env, testenv.Administrator, dir)
 	Expect(err).NotTo(HaveOccurred())
 })
 

@@ -11,7 +11,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -235,7 +234,7 @@ func startFleet(o options, table, exchange, logs string) (fleet, error) {
 // startDrainer runs spillway drain with its JSON logs in a file, so the
 // demo's own output stays readable.
 func startDrainer(spillway, id, table, exchange, logs string) (*drainerProcess, error) {
-	addr, err := freeAddr()
+	addr, err := testenv.UnusedAddr()
 	if err != nil {
 		return nil, err
 	}
@@ -310,14 +309,4 @@ func (f fleet) stop(out io.Writer) error {
 		fmt.Fprintf(out, "SIGTERM: %s\n", strings.Join(exits, ", "))
 	}
 	return errors.Join(errs...)
-}
-
-// freeAddr is a loopback address with a port nothing listens on.
-func freeAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
 }

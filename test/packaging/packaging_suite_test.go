@@ -63,7 +63,7 @@ var _ = BeforeSuite(func() {
 	dir, err := os.MkdirTemp("", "spillway-packaging")
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(os.RemoveAll, dir)
-	kubeconfig, err := testenv.WriteKubeconfig(env, dir)
+	kubeconfig, err := testenv.WriteKubeconfig(env, testenv.Administrator, dir)
 	Expect(err).NotTo(HaveOccurred())
 	toolEnv = append(os.Environ(), "KUBECONFIG="+kubeconfig,
 		"HELM_CACHE_HOME="+filepath.Join(dir, "helm", "cache"),
@@ -97,15 +97,11 @@ func runWithInput(stdin []byte, name string, args ...string) (string, error) {
 // ServiceAccount, so that what runs with it has exactly the RBAC the chart
 // grants that account.
 func serviceAccountKubeconfig(namespace, name string) string {
-	user, err := env.AddUser(envtest.User{
+	path, err := testenv.WriteKubeconfig(env, envtest.User{
 		Name:   "system:serviceaccount:" + namespace + ":" + name,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace},
-	}, nil)
+	}, GinkgoT().TempDir())
 	Expect(err).NotTo(HaveOccurred())
-	config, err := user.KubeConfig()
-	Expect(err).NotTo(HaveOccurred())
-	path := filepath.Join(GinkgoT().TempDir(), "kubeconfig")
-	Expect(os.WriteFile(path, config, 0o600)).To(Succeed())
 	return path
 }
 

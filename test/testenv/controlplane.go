@@ -43,14 +43,17 @@ func UniqueObjectName(prefix string) string {
 	return strings.ReplaceAll(UniqueName(prefix), "_", "-")
 }
 
-// WriteKubeconfig writes a kubeconfig for an administrator of env into dir,
-// for the command-line tools (kubectl, helm) a test runs, and returns its path.
-func WriteKubeconfig(env *envtest.Environment, dir string) (string, error) {
-	user, err := env.AddUser(envtest.User{Name: "tester", Groups: []string{"system:masters"}}, nil)
+// Administrator is a user the API server lets do anything.
+var Administrator = envtest.User{Name: "tester", Groups: []string{"system:masters"}}
+
+// WriteKubeconfig writes a kubeconfig that authenticates as user into dir,
+// for the command-line tools and processes a test runs, and returns its path.
+func WriteKubeconfig(env *envtest.Environment, user envtest.User, dir string) (string, error) {
+	authenticated, err := env.AddUser(user, nil)
 	if err != nil {
 		return "", err
 	}
-	config, err := user.KubeConfig()
+	config, err := authenticated.KubeConfig()
 	if err != nil {
 		return "", err
 	}
