@@ -166,13 +166,13 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 			Expect(out).To(ContainSubstring("values don't meet the specifications of the schema"))
 			Expect(out).To(ContainSubstring(complaint))
 		},
-		Entry("a string for a number", "replicaCount: two\n", "replicaCount"),
-		Entry("a string for a boolean", "leaderElection:\n  enabled: \"yes\"\n", "leaderElection.enabled"),
-		Entry("a number for a string", "image:\n  tag: 1.2\n", "image.tag"),
-		Entry("a port out of range", "metrics:\n  port: 80800\n", "metrics.port"),
-		Entry("a map for a list", "tolerations:\n  key: dedicated\n", "tolerations"),
-		Entry("a misspelt key", "serviceMonitor:\n  enable: true\n", "enable"),
-		Entry("two replicas without leader election", "replicaCount: 2\nleaderElection:\n  enabled: false\n", "leaderElection.enabled"),
+		Entry("a string for a number", "replicaCount: two\n", "at '/replicaCount': got string, want integer"),
+		Entry("a string for a boolean", "leaderElection:\n  enabled: \"yes\"\n", "at '/leaderElection/enabled': got string, want boolean"),
+		Entry("a number for a string", "image:\n  tag: 1.2\n", "at '/image/tag': got number, want string"),
+		Entry("a map for a list", "tolerations:\n  key: dedicated\n", "at '/tolerations': got object, want array"),
+		Entry("a port out of range", "metrics:\n  port: 80800\n", "at '/metrics/port': maximum"),
+		Entry("a misspelt key", "serviceMonitor:\n  enable: true\n", "at '/serviceMonitor': additional properties 'enable' not allowed"),
+		Entry("two replicas without leader election", "replicaCount: 2\nleaderElection:\n  enabled: false\n", "at '/leaderElection/enabled': value must be true"),
 	)
 
 	It("ships config/crd/bases unchanged in crds/", func() {

@@ -19,11 +19,25 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
 
-{{- define "spillway.labels" -}}
-{{ include "spillway.selectorLabels" . }}
+{{/* Labels of every object the chart creates, besides those naming what it is. */}}
+{{- define "spillway.releaseLabels" -}}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{- end -}}
+
+{{/* Labels of the operator's objects. */}}
+{{- define "spillway.labels" -}}
+{{ include "spillway.selectorLabels" . }}
+{{ include "spillway.releaseLabels" . }}
+{{- end -}}
+
+{{/* Labels of the helm test hook's objects. */}}
+{{- define "spillway.testLabels" -}}
+app.kubernetes.io/name: spillway
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: test
+{{ include "spillway.releaseLabels" . }}
 {{- end -}}
 
 {{- define "spillway.serviceAccountName" -}}
