@@ -39,7 +39,7 @@ func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.StringVar(&o.spillway, "spillway", "bin/spillway", "the spillway binary (make build)")
-	fs.IntVar(&o.events, "events", 100_000, "events to seed")
+	fs.IntVar(&o.events, "events", 50_000, "events to seed")
 	fs.IntVar(&o.drainers, "drainers", 2, "spillway drain processes")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up when the outbox is not drained by then")
 	fs.DurationVar(&o.tick, "progress", time.Second, "interval of the progress lines")
