@@ -1,3 +1,5 @@
+//lint:file-ignore ST1001 the Ginkgo and Gomega DSLs are dot-imported, as in the suites
+
 package testenv
 
 import (
