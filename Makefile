@@ -8,6 +8,13 @@ LDFLAGS     := -s -w -X main.version=$(VERSION)
 # parallel against the one Postgres and the one RabbitMQ.
 TEST_FLAGS  ?= -v -count=1 -timeout 20m
 
+# Tools, built into bin/ at pinned versions. Defined before the rules that
+# name them as prerequisites, which make expands as it reads them.
+CONTROLLER_GEN_VERSION ?= v0.23.0
+CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+HELM_VERSION ?= v3.22.0
+HELM := $(BIN)/helm-$(HELM_VERSION)
+
 .DEFAULT_GOAL := help
 
 .PHONY: help
@@ -37,8 +44,6 @@ test: services verify-generated $(HELM) ## Run every suite against the local Pos
 control-plane: ## Build envtest's kube-apiserver and etcd from the Go module proxy into bin/control-plane (cached).
 	@hack/control-plane.sh
 
-CONTROLLER_GEN_VERSION ?= v0.23.0
-CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
 
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
@@ -61,9 +66,6 @@ verify-generated: $(CONTROLLER_GEN) ## Fail when the generated code or manifests
 .PHONY: bench
 bench: services ## Measure broker ceiling, drainer throughput, claim latency and commit→publish latency; prints ratios.
 	$(GO) run ./test/bench
-
-HELM_VERSION ?= v3.22.0
-HELM := $(BIN)/helm-$(HELM_VERSION)
 
 $(HELM):
 	GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
