@@ -44,7 +44,6 @@ test: services verify-generated $(HELM) ## Run every suite against the local Pos
 control-plane: ## Build envtest's kube-apiserver and etcd from the Go module proxy into bin/control-plane (cached).
 	@hack/control-plane.sh
 
-
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
 	mv $(BIN)/controller-gen $@
