@@ -8,6 +8,13 @@ LDFLAGS     := -s -w -X main.version=$(VERSION)
 # parallel against the one Postgres and the one RabbitMQ.
 TEST_FLAGS  ?= -v -count=1 -timeout 20m
 
+# Tools, built into bin/ at pinned versions. Defined before the rules that
+# name them as prerequisites, which make expands as it reads them.
+CONTROLLER_GEN_VERSION ?= v0.23.0
+CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
+HELM_VERSION ?= v3.22.0
+HELM := $(BIN)/helm-$(HELM_VERSION)
+
 .DEFAULT_GOAL := help
 
 .PHONY: help
@@ -27,18 +34,15 @@ services: ## Start the local Postgres and RabbitMQ if they are installed but sto
 FAULTS      := ./test/faults
 
 .PHONY: test
-test: services verify-generated ## Run every suite against the local Postgres, RabbitMQ and an envtest control plane; the fault suite last.
+test: services verify-generated $(HELM) ## Run every suite against the local Postgres, RabbitMQ and an envtest control plane; the fault suite last.
 	$(GO) vet ./...
-	assets=$$(hack/control-plane.sh) && export KUBEBUILDER_ASSETS=$$assets && \
+	assets=$$(hack/control-plane.sh) && export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) && \
 		$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
 		$(GO) test $(TEST_FLAGS) $(FAULTS)
 
 .PHONY: control-plane
 control-plane: ## Build envtest's kube-apiserver and etcd from the Go module proxy into bin/control-plane (cached).
 	@hack/control-plane.sh
-
-CONTROLLER_GEN_VERSION ?= v0.23.0
-CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
 
 $(CONTROLLER_GEN):
 	GOBIN=$(BIN) $(GO) install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_GEN_VERSION)
@@ -49,9 +53,10 @@ generate: $(CONTROLLER_GEN) ## Generate the API's deepcopy functions.
 	$(CONTROLLER_GEN) object paths=./api/...
 
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate the CRD into config/crd/bases and the operator's RBAC into config/rbac.
+manifests: $(CONTROLLER_GEN) ## Generate the CRD into config/crd/bases and the chart's crds/, and the operator's RBAC into config/rbac.
 	$(CONTROLLER_GEN) crd rbac:roleName=spillway-operator paths=./api/... paths=./controllers/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
+	cp config/crd/bases/*.yaml charts/spillway/crds/
 
 .PHONY: verify-generated
 verify-generated: $(CONTROLLER_GEN) ## Fail when the generated code or manifests are stale.
@@ -60,6 +65,28 @@ verify-generated: $(CONTROLLER_GEN) ## Fail when the generated code or manifests
 .PHONY: bench
 bench: services ## Measure broker ceiling, drainer throughput, claim latency and commit→publish latency; prints ratios.
 	$(GO) run ./test/bench
+
+$(HELM):
+	GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
+	mv $(BIN)/helm $@
+
+.PHONY: helm
+helm: $(HELM) ## Build helm into bin/ (about 1.5 minutes the first time).
+
+.PHONY: helm-lint
+helm-lint: $(HELM) ## Lint the chart with its default values and with every value set.
+	$(HELM) lint --strict charts/spillway
+	$(HELM) lint --strict charts/spillway --values charts/spillway/ci/all-values.yaml
+
+.PHONY: demo
+demo: build services ## Drain a seeded outbox in the local Postgres to RabbitMQ with two drainers; no cluster needed.
+	$(GO) run ./test/demo -spillway $(BIN)/spillway
+
+IMG ?= ghcr.io/spillway-io/spillway:$(VERSION)
+
+.PHONY: docker-build
+docker-build: ## Build the one image of the operator and its drainers with Docker, tagged IMG.
+	docker build --build-arg VERSION=$(VERSION) -t $(IMG) .
 
 STATICCHECK_VERSION ?= v0.8.2
 

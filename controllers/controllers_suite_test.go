@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -21,7 +20,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 	"sigs.k8s.io/controller-runtime/pkg/config"
-	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
@@ -86,15 +84,11 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(db.Ping(ctx)).To(Succeed(), "postgres at %s (make test starts it)", testenv.DatabaseURL())
 	DeferCleanup(db.Close)
 
-	user, err := env.AddUser(envtest.User{Name: "tester", Groups: []string{"system:masters"}}, nil)
-	Expect(err).NotTo(HaveOccurred())
-	config, err := user.KubeConfig()
-	Expect(err).NotTo(HaveOccurred())
 	dir, err := os.MkdirTemp("", "spillway-kubeconfig")
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(os.RemoveAll, dir)
-	kubeconfig = filepath.Join(dir, "kubeconfig")
-	Expect(os.WriteFile(kubeconfig, config, 0o600)).To(Succeed())
+	kubeconfig, err = testenv.WriteKubeconfig(env, testenv.Administrator, dir)
+	Expect(err).NotTo(HaveOccurred())
 })
 
 // kubectl runs kubectl against the test API server and returns its output.

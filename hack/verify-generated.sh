@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Fails when the generated deepcopy code, CRD or RBAC differ from what
-# controller-gen makes of the current sources. Generates into a copy of the
-# work tree, so uncommitted work is compared as it is and left untouched.
+# Fails when the generated deepcopy code, the CRD (and the chart's copy of it)
+# or the RBAC differ from what controller-gen makes of the current sources.
+# Generates into a copy of the work tree, so uncommitted work is compared as
+# it is and left untouched.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${CONTROLLER_GEN:?set CONTROLLER_GEN to the controller-gen binary (make verify-generated does)}"
@@ -11,7 +12,7 @@ trap 'rm -rf "$copy"' EXIT
 tar --exclude=./bin --exclude=./.git -cf - . | tar -xf - -C "$copy"
 (cd "$copy" && make --no-print-directory -s generate manifests CONTROLLER_GEN="$CONTROLLER_GEN" >/dev/null)
 stale=0
-for dir in api config; do
+for dir in api config charts/spillway/crds; do
   if ! diff -r "$dir" "$copy/$dir"; then
     stale=1
   fi

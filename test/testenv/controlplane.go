@@ -14,11 +14,21 @@ import (
 // StartControlPlane starts envtest's kube-apiserver and etcd, which
 // hack/control-plane.sh builds, with Spillway's CRDs installed.
 func StartControlPlane() (*envtest.Environment, *rest.Config, error) {
+	return startControlPlane(filepath.Join(RepoRoot(), "config", "crd", "bases"))
+}
+
+// StartEmptyControlPlane starts the control plane without Spillway's CRDs,
+// for a suite that installs them the way a user does.
+func StartEmptyControlPlane() (*envtest.Environment, *rest.Config, error) {
+	return startControlPlane()
+}
+
+func startControlPlane(crdDirs ...string) (*envtest.Environment, *rest.Config, error) {
 	if os.Getenv("KUBEBUILDER_ASSETS") == "" {
 		return nil, nil, errors.New("KUBEBUILDER_ASSETS is not set: make test sets it to the directory of the kube-apiserver and etcd that hack/control-plane.sh builds and prints")
 	}
 	env := &envtest.Environment{
-		CRDDirectoryPaths:     []string{filepath.Join(repoRoot(), "config", "crd", "bases")},
+		CRDDirectoryPaths:     crdDirs,
 		ErrorIfCRDPathMissing: true,
 	}
 	cfg, err := env.Start()
@@ -33,8 +43,26 @@ func UniqueObjectName(prefix string) string {
 	return strings.ReplaceAll(UniqueName(prefix), "_", "-")
 }
 
-// repoRoot is the repository's root, two levels above this file.
-func repoRoot() string {
+// Administrator is a user the API server lets do anything.
+var Administrator = envtest.User{Name: "tester", Groups: []string{"system:masters"}}
+
+// WriteKubeconfig writes a kubeconfig that authenticates as user into dir,
+// for the command-line tools and processes a test runs, and returns its path.
+func WriteKubeconfig(env *envtest.Environment, user envtest.User, dir string) (string, error) {
+	authenticated, err := env.AddUser(user, nil)
+	if err != nil {
+		return "", err
+	}
+	config, err := authenticated.KubeConfig()
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "kubeconfig")
+	return path, os.WriteFile(path, config, 0o600)
+}
+
+// RepoRoot is the repository's root, two levels above this file.
+func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }

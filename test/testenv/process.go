@@ -1,3 +1,4 @@
+
 package testenv
 
 import (
@@ -110,10 +111,19 @@ func Undelivered(ch *amqp.Channel, queue string, want []string, timeout time.Dur
 
 // FreeAddr is a loopback address with a port nothing listens on.
 func FreeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := UnusedAddr()
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
+	return addr
+}
+
+// UnusedAddr is FreeAddr for a program that is not a test.
+func UnusedAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
 	defer l.Close()
-	return l.Addr().String()
+	return l.Addr().String(), nil
 }
 
 // Metric reads one unlabelled sample from a drainer's /metrics.

@@ -8,6 +8,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/url"
 	"os"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -53,7 +54,7 @@ func Connect(ctx context.Context) (Services, error) {
 		err = db.Ping(ctx)
 	}
 	if err != nil {
-		return Services{}, fmt.Errorf("postgres at %s (make test starts it): %w", DatabaseURL(), err)
+		return Services{}, fmt.Errorf("postgres at %s (make test starts it): %w", redacted(DatabaseURL()), err)
 	}
 	broker, err := amqp.Dial(BrokerURL())
 	if err != nil {
@@ -61,6 +62,16 @@ func Connect(ctx context.Context) (Services, error) {
 		return Services{}, fmt.Errorf("rabbitmq (make test starts it): %w", err)
 	}
 	return Services{DB: db, Broker: broker}, nil
+}
+
+// redacted is a URL without its password: an overridden test URL may carry
+// one, and no password is ever printed.
+func redacted(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparseable URL)"
+	}
+	return u.Redacted()
 }
 
 // Close closes both connections.

@@ -1,0 +1,182 @@
+package packaging
+
+import (
+	"context"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+// restrictedNamespace creates a namespace that enforces the restricted Pod
+// Security Standard, as config/default's does.
+func restrictedNamespace(ctx context.Context, name string) string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name:   name,
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"},
+	}}
+	Expect(k8s.Create(ctx, ns)).To(Succeed())
+	return name
+}
+
+// admitPod asks the API server, in a dry run, whether it would admit a pod
+// of the template: its PodSecurity admission checks the namespace's level.
+func admitPod(ctx context.Context, namespace string, tmpl corev1.PodTemplateSpec) error {
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "admission-check", Namespace: namespace, Labels: tmpl.Labels},
+		Spec:       tmpl.Spec,
+	}
+	return k8s.Create(ctx, pod, client.DryRunAll)
+}
+
+// get reads an object's current state from the API server.
+func get[T client.Object](ctx context.Context, obj T) T {
+	Expect(k8s.Get(ctx, client.ObjectKeyFromObject(obj), obj)).To(Succeed(), "%T %s", obj, obj.GetName())
+	return obj
+}
+
+// markAvailable plays the Deployment controller and the kubelet, which
+// envtest does not run: the operator's pod is up and ready.
+func markAvailable(ctx context.Context, d *appsv1.Deployment) {
+	now := metav1.Now()
+	d.Status = appsv1.DeploymentStatus{
+		ObservedGeneration: d.Generation,
+		Replicas:           1, UpdatedReplicas: 1, ReadyReplicas: 1, AvailableReplicas: 1,
+		Conditions: []appsv1.DeploymentCondition{{
+			Type: appsv1.DeploymentAvailable, Status: corev1.ConditionTrue, Reason: "MinimumReplicasAvailable",
+			LastUpdateTime: now, LastTransitionTime: now,
+		}},
+	}
+	Expect(k8s.Status().Update(ctx, d)).To(Succeed())
+}
+
+var _ = Describe("The chart installed with helm into a real API server", Ordered, Label("e2e"), func() {
+	// config/default's namespace, so that its dry run finds it.
+	const namespace, release = "spillway-system", "spillway"
+	operator := func() *appsv1.Deployment {
+		return &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: release, Namespace: namespace}}
+	}
+
+	BeforeAll(func(ctx SpecContext) {
+		restrictedNamespace(ctx, namespace)
+		mustRun(helm, "install", release, chart, "--namespace", namespace)
+	})
+
+	It("installs the CRD, which the API server serves, and the operator's ServiceAccount, RBAC, Deployment and metrics Service", func(ctx SpecContext) {
+		Expect(mustRun(helm, "status", release, "--namespace", namespace)).To(ContainSubstring("STATUS: deployed"))
+		crd := &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "outboxdrainers.spillway.io"}}
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(crd), crd)).To(Succeed())
+			g.Expect(crd.Status.Conditions).To(ContainElement(And(
+				HaveField("Type", apiextensionsv1.Established), HaveField("Status", apiextensionsv1.ConditionTrue))))
+		}).Should(Succeed())
+		Eventually(func() error {
+			return k8s.List(ctx, &v1alpha1.OutboxDrainerList{}, client.InNamespace(namespace))
+		}).Should(Succeed())
+
+		for _, obj := range []client.Object{
+			&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: release, Namespace: namespace}},
+			&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: release}},
+			&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: release}},
+			&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: release + "-leader-election", Namespace: namespace}},
+			&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Name: release + "-leader-election", Namespace: namespace}},
+			&corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: release + "-metrics", Namespace: namespace}},
+			operator(),
+		} {
+			get(ctx, obj)
+		}
+	})
+
+	It("runs the operator's pods under the restricted Pod Security Standard, which refuses a privileged pod", func(ctx SpecContext) {
+		tmpl := get(ctx, operator()).Spec.Template
+		Expect(admitPod(ctx, namespace, tmpl)).To(Succeed())
+
+		escalating := tmpl.DeepCopy()
+		escalating.Spec.Containers[0].SecurityContext.AllowPrivilegeEscalation = ptr.To(true)
+		Expect(admitPod(ctx, namespace, *escalating)).To(MatchError(ContainSubstring(`violates PodSecurity "restricted`)))
+	})
+
+	It("runs spillway manager with the chart's arguments and ServiceAccount: it turns ready and reconciles the sample fleet", func(ctx SpecContext) {
+		pod := get(ctx, operator()).Spec.Template.Spec
+		probes, metrics := testenv.FreeAddr(), testenv.FreeAddr()
+		GinkgoT().Setenv("KUBECONFIG", serviceAccountKubeconfig(namespace, pod.ServiceAccountName))
+		// The pod's ports, moved to free ones: a later flag wins.
+		manager := testenv.Start(spillway, append(pod.Containers[0].Args, "--health-probe-addr="+probes, "--metrics-addr="+metrics)...)
+		Eventually(func() int { return testenv.Probe(probes, "/readyz") }, 30*time.Second).Should(Equal(200))
+		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "operator.spillway.io", Namespace: namespace}}
+		Eventually(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(lease), lease) }, 30*time.Second).Should(Succeed())
+
+		shop := restrictedNamespace(ctx, testenv.UniqueObjectName("shop"))
+		mustRun("kubectl", "apply", "--namespace", shop, "-f", "config/samples/")
+		fleet := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "orders", Namespace: shop}}
+		Eventually(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(fleet), fleet) }, 30*time.Second).Should(Succeed())
+		Expect(fleet.OwnerReferences).To(ContainElement(HaveField("Kind", "OutboxDrainer")))
+		Eventually(func() error {
+			return k8s.Get(ctx, client.ObjectKey{Name: "orders", Namespace: shop}, &policyv1.PodDisruptionBudget{})
+		}).Should(Succeed(), "two replicas get a PodDisruptionBudget")
+		Expect(admitPod(ctx, shop, fleet.Spec.Template)).To(Succeed(), "the drainer pods are restricted too")
+		Expect(string(manager.Err.Contents())).NotTo(ContainSubstring("forbidden"))
+	})
+
+	It("passes the helm test hook's checks, with the hook's own RBAC, once the operator is Available, and fails them before", func(ctx SpecContext) {
+		hooks := manifests(mustRun(helm, "get", "hooks", release, "--namespace", namespace))
+		for _, kind := range []string{"ServiceAccount", "Role", "RoleBinding"} {
+			Expect(k8s.Create(ctx, find(hooks, kind, release+"-test"))).To(Succeed())
+		}
+		test := object[corev1.Pod](hooks, "Pod", release+"-test")
+		Expect(test.Annotations).To(HaveKeyWithValue("helm.sh/hook", "test"))
+		Expect(admitPod(ctx, namespace, corev1.PodTemplateSpec{ObjectMeta: test.ObjectMeta, Spec: test.Spec})).To(Succeed())
+
+		asHook := serviceAccountKubeconfig(namespace, test.Spec.ServiceAccountName)
+		check := func(c corev1.Container, extra ...string) (string, error) {
+			return run("kubectl", append(append([]string{"--kubeconfig=" + asHook}, c.Args...), extra...)...)
+		}
+		available, served := test.Spec.InitContainers[0], test.Spec.Containers[0]
+		out, err := check(available, "--timeout=1s")
+		Expect(err).To(HaveOccurred(), "no kubelet runs the operator here, so it is not Available yet: %s", out)
+
+		markAvailable(ctx, get(ctx, operator()))
+		Expect(check(available)).To(ContainSubstring("condition met"))
+		Expect(check(served)).To(ContainSubstring("No resources found"))
+	})
+
+	It("applies config/default in a server-side dry run, with the operator's image as its fleets' image", func() {
+		out := mustRun("kubectl", "apply", "--dry-run=server", "-k", "config/default")
+		Expect(out).To(ContainSubstring("deployment.apps/spillway-operator created (server dry run)"))
+		Expect(out).To(ContainSubstring("clusterrole.rbac.authorization.k8s.io/spillway-operator created (server dry run)"))
+
+		d := object[appsv1.Deployment](manifests(mustRun("kubectl", "kustomize", "config/default")), "Deployment", "spillway-operator")
+		Expect(d.Namespace).To(Equal(namespace))
+		c := d.Spec.Template.Spec.Containers[0]
+		Expect(c.Env).To(ContainElement(corev1.EnvVar{Name: "SPILLWAY_DRAINER_IMAGE", Value: c.Image}))
+		Expect(c.Image).NotTo(Equal("spillway"), "config/default sets the image")
+	})
+
+	It("applies config/samples in a server-side dry run: the OutboxDrainer and the two Secrets it references", func() {
+		out := mustRun("kubectl", "apply", "--dry-run=server", "--namespace=default", "-f", "config/samples/")
+		Expect(out).To(ContainSubstring("outboxdrainer.spillway.io/orders created (server dry run)"))
+
+		var objs []*unstructured.Unstructured
+		for _, file := range []string{"config/samples/secrets.yaml", "config/samples/spillway_v1alpha1_outboxdrainer.yaml"} {
+			objs = append(objs, manifestsFile(file)...)
+		}
+		od := object[v1alpha1.OutboxDrainer](objs, "OutboxDrainer", "orders")
+		for _, ref := range []v1alpha1.SecretKeyRef{od.Spec.Database.URLSecretRef, od.Spec.Broker.URLSecretRef} {
+			Expect(object[corev1.Secret](objs, "Secret", ref.Name).StringData).To(HaveKey(ref.Key))
+			Expect(out).To(ContainSubstring("secret/" + ref.Name + " created (server dry run)"))
+		}
+	})
+})
