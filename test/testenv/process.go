@@ -1,4 +1,3 @@
-
 package testenv
 
 import (
