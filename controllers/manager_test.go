@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"time"
 
@@ -15,15 +14,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/controllers"
+	"github.com/spillway-io/spillway/test/testenv"
 )
-
-// freeAddr is a loopback address with a port nothing listens on.
-func freeAddr() string {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	Expect(err).NotTo(HaveOccurred())
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // fetch returns "status: body" of a GET, or the error.
 func fetch(url string) func() string {
@@ -41,7 +33,7 @@ func fetch(url string) func() string {
 var _ = Describe("spillway manager", Label("integration"), func() {
 	It("takes the leader lease and serves /healthz, /readyz and /metrics", func(ctx SpecContext) {
 		leaseNamespace := namespace(ctx)
-		probeAddr, metricsAddr := freeAddr(), freeAddr()
+		probeAddr, metricsAddr := testenv.FreeAddr(), testenv.FreeAddr()
 		GinkgoT().Setenv("KUBECONFIG", kubeconfig)
 		managerCtx, stop := context.WithCancel(context.Background())
 		done := make(chan error, 1)

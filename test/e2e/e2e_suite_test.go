@@ -129,10 +129,18 @@ var _ = Describe("spillway", Label("e2e"), func() {
 		victim := drain(table, topo.Exchange, "e2e-victim", lease...)
 		Eventually(func() int { return count(ctx, table, "published_at IS NOT NULL") }, 60*time.Second, 10*time.Millisecond).
 			Should(BeNumerically(">=", 1000))
+		// Freeze the victim at a moment it holds claims (between a settle
+		// and the next claim it may hold none), then kill it.
+		var orphaned int
+		Eventually(func() int {
+			Expect(victim.Command.Process.Signal(syscall.SIGSTOP)).To(Succeed())
+			if orphaned = count(ctx, table, "published_at IS NULL AND claimed_by = 'e2e-victim'"); orphaned == 0 {
+				Expect(victim.Command.Process.Signal(syscall.SIGCONT)).To(Succeed())
+			}
+			return orphaned
+		}, 10*time.Second, 5*time.Millisecond).Should(BeNumerically(">", 0), "the killed drainer left claims behind")
 		Expect(victim.Command.Process.Signal(syscall.SIGKILL)).To(Succeed())
 		Eventually(victim, 5*time.Second).Should(gexec.Exit())
-		orphaned := count(ctx, table, "published_at IS NULL AND claimed_by = 'e2e-victim'")
-		Expect(orphaned).To(BeNumerically(">", 0), "the killed drainer left claims behind")
 
 		drain(table, topo.Exchange, "e2e-heir", lease...)
 		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 120*time.Second, 100*time.Millisecond).Should(BeZero())
