@@ -189,20 +189,17 @@ func probeMux(reg *prometheus.Registry, d *Drainer) *http.ServeMux {
 // openStoreRetrying reads the table's catalog, waiting out a database that
 // is not up yet. A table that does not fit the mapping is a permanent error.
 func openStoreRetrying(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, log *slog.Logger) (*Store, error) {
-	return backoff.Retry(ctx, func() (*Store, error) {
+	return retry(ctx, log, "Database unavailable at start; retrying", func() (*Store, error) {
 		cols, err := Catalog(ctx, pool, spec)
 		if err != nil {
 			return nil, err
 		}
-		table, err := ResolveTable(spec, cols)
+		store, err := storeOver(pool, spec, cols)
 		if err != nil {
 			return nil, backoff.Permanent(err)
 		}
-		return &Store{pool: pool, table: table}, nil
-	}, backoff.WithBackOff(newRetryBackoff()), backoff.WithMaxElapsedTime(0),
-		backoff.WithNotify(func(err error, wait time.Duration) {
-			log.Error("Database unavailable at start; retrying", "error", err, "retryIn", wait)
-		}))
+		return store, nil
+	})
 }
 
 // MigrateCommand is `spillway migrate`.

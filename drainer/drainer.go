@@ -155,12 +155,9 @@ func (d *Drainer) Run(ctx context.Context) error {
 // releaseLeftovers frees the claims a previous process left under this
 // drainer ID, retrying until the database answers. False means ctx ended.
 func (d *Drainer) releaseLeftovers(ctx context.Context) bool {
-	n, err := backoff.Retry(ctx, func() (int64, error) {
+	n, err := retry(ctx, d.log, "Database unavailable at start; retrying", func() (int64, error) {
 		return d.store.ReleaseAll(ctx, d.cfg.DrainerID)
-	}, backoff.WithBackOff(newRetryBackoff()), backoff.WithMaxElapsedTime(0),
-		backoff.WithNotify(func(err error, wait time.Duration) {
-			d.log.Error("Database unavailable at start; retrying", "error", err, "retryIn", wait)
-		}))
+	})
 	if err != nil {
 		return false
 	}
@@ -354,14 +351,9 @@ func (d *Drainer) connectBroker(ctx context.Context) error {
 		d.current.Store(nil)
 		d.log.Warn("Broker channel closed; reconnecting")
 	}
-	b, err := backoff.Retry(ctx, func() (*brokerChannel, error) {
+	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (*brokerChannel, error) {
 		return dialBroker(d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth, d.log, d.poke)
-	},
-		backoff.WithBackOff(newRetryBackoff()),
-		backoff.WithMaxElapsedTime(0),
-		backoff.WithNotify(func(err error, wait time.Duration) {
-			d.log.Error("Broker unavailable; claiming paused", "error", err, "retryIn", wait)
-		}))
+	})
 	if err != nil {
 		return err
 	}
@@ -501,12 +493,10 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 	defer cancel()
 	retryBackoff := Backoff{Initial: d.cfg.RetryInitial.Milliseconds(), Max: d.cfg.RetryMax.Milliseconds()}
 	tries := 0
-	done, err := backoff.Retry(ctx, func() (Settled, error) {
+	done, err := retry(ctx, d.log, "Settle failed; retrying", func() (Settled, error) {
 		tries++
 		return d.store.Settle(ctx, d.cfg.DrainerID, st, retryBackoff)
-	}, backoff.WithBackOff(newRetryBackoff()), backoff.WithNotify(func(err error, wait time.Duration) {
-		d.log.Error("Settle failed; retrying", "error", err, "retryIn", wait)
-	}))
+	})
 	if err != nil {
 		d.log.Error("Settle gave up; the rows will be claimed again when their lease expires",
 			"rows", len(st.Published)+len(st.Failed)+len(st.Released), "error", err)
@@ -537,6 +527,14 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 		d.log.Warn("Lease lost: another drainer took over expired claims, so this settle left them alone",
 			"rows", lost, "published", len(st.Published), "marked", done.Published)
 	}
+}
+
+// retry runs op until it succeeds, returns a backoff.Permanent error, or ctx
+// ends, waiting a jittered, exponentially growing time between tries and
+// logging each failure as msg.
+func retry[T any](ctx context.Context, log *slog.Logger, msg string, op backoff.Operation[T]) (T, error) {
+	return backoff.Retry(ctx, op, backoff.WithBackOff(newRetryBackoff()), backoff.WithMaxElapsedTime(0),
+		backoff.WithNotify(func(err error, wait time.Duration) { log.Error(msg, "error", err, "retryIn", wait) }))
 }
 
 func newRetryBackoff() *backoff.ExponentialBackOff {

@@ -105,6 +105,11 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) (*Store,
 	if err != nil {
 		return nil, err
 	}
+	return storeOver(pool, spec, cols)
+}
+
+// storeOver resolves the spec against catalog columns already read.
+func storeOver(pool *pgxpool.Pool, spec TableSpec, cols []CatalogColumn) (*Store, error) {
 	table, err := ResolveTable(spec, cols)
 	if err != nil {
 		return nil, err
