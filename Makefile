@@ -30,15 +30,18 @@ services: ## Start the local Postgres and RabbitMQ if they are installed but sto
 	@hack/services.sh
 
 # The fault suite stops RabbitMQ, raises its memory alarm and kills Postgres
-# sessions, so it runs alone, after the others.
-FAULTS      := ./test/faults
+# sessions, so it runs alone, after the others. The lock extends that to
+# other runs on the same machine (a second checkout, make bench): they share
+# the services, and a fault run takes them for itself.
+FAULTS        := ./test/faults
+SERVICES_LOCK ?= /tmp/spillway-services.lock
 
 .PHONY: test
 test: services verify-generated $(HELM) ## Run every suite against the local Postgres, RabbitMQ and an envtest control plane; the fault suite last.
 	$(GO) vet ./...
 	assets=$$(hack/control-plane.sh) && export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) && \
-		$(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
-		$(GO) test $(TEST_FLAGS) $(FAULTS)
+		flock -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
+		flock -x $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $(FAULTS)
 
 .PHONY: control-plane
 control-plane: ## Build envtest's kube-apiserver and etcd from the Go module proxy into bin/control-plane (cached).
