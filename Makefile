@@ -43,6 +43,13 @@ test: services verify-generated $(HELM) ## Run every suite against the local Pos
 		flock -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
 		flock -x $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $(FAULTS)
 
+STRESS_RUNS     ?= 20
+STRESS_PACKAGES ?= ./drainer ./test/e2e
+
+.PHONY: test-stress
+test-stress: services ## Run the integration suites STRESS_RUNS times (default 20) with every core kept busy; stops at the first failure.
+	flock -s $(SERVICES_LOCK) env RUNS=$(STRESS_RUNS) hack/stress.sh $(STRESS_PACKAGES)
+
 .PHONY: control-plane
 control-plane: ## Build envtest's kube-apiserver and etcd from the Go module proxy into bin/control-plane (cached).
 	@hack/control-plane.sh

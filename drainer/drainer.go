@@ -111,7 +111,16 @@ func (d *Drainer) Run(ctx context.Context) error {
 
 	var background sync.WaitGroup
 	bgCtx, stopBackground := context.WithCancel(ctx)
-	background.Go(func() { d.listen(bgCtx) })
+	listening := make(chan struct{})
+	background.Go(func() { d.listen(bgCtx, listening) })
+	// The first claim waits for the LISTEN, so that it finds every row
+	// inserted before the session was up, and no wake-up is needed to catch
+	// up. It waits no longer than a poll: the poll would claim by then.
+	select {
+	case <-listening:
+	case <-time.After(d.cfg.PollInterval):
+	case <-ctx.Done():
+	}
 	if d.cfg.Retention.enabled() {
 		background.Go(func() { d.pruneLoop(bgCtx) })
 	}
@@ -169,12 +178,26 @@ func (d *Drainer) releaseLeftovers(ctx context.Context) bool {
 
 // listen keeps a LISTEN session on the table's notify channel, so inserted
 // rows are claimed at once instead of at the next poll. Without the trigger
-// nothing is ever notified, and the poll does the work.
-func (d *Drainer) listen(ctx context.Context) {
+// nothing is ever notified, and the poll does the work. first is closed once
+// the first session is up, or has failed.
+func (d *Drainer) listen(ctx context.Context, first chan<- struct{}) {
 	retry := newRetryBackoff()
+	var once sync.Once
+	claiming := false // the claim loop has started, so a new session must catch up
+	onListening := func() {
+		d.metrics.Listening.Set(1)
+		if claiming {
+			d.poke() // rows inserted while no session was listening
+		}
+		claiming = true
+		once.Do(func() { close(first) })
+	}
 	for {
 		started := time.Now()
-		err := d.store.Listen(ctx, d.cfg.Table, d.poke)
+		err := d.store.Listen(ctx, d.cfg.Table, onListening, d.poke)
+		d.metrics.Listening.Set(0)
+		claiming = true
+		once.Do(func() { close(first) })
 		if ctx.Err() != nil {
 			return
 		}

@@ -3,7 +3,6 @@ package drainer
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"testing"
 	"time"
@@ -12,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gbytes"
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -119,7 +119,9 @@ func testConfig(id string, spec TableSpec, exchange string) Config {
 // running is a drainer started by a test.
 type running struct {
 	*Drainer
-	reg  *prometheus.Registry
+	reg *prometheus.Registry
+	// logs holds what the drainer logged, for specs that wait for a log line.
+	logs *gbytes.Buffer
 	stop context.CancelFunc
 	// done receives Run's result; exited closes after it.
 	done   chan error
@@ -130,10 +132,10 @@ type running struct {
 func newDrainer(ctx context.Context, cfg Config) *running {
 	store, err := OpenStore(ctx, pool, cfg.Table)
 	Expect(err).NotTo(HaveOccurred())
-	reg := prometheus.NewRegistry()
-	d, err := New(cfg, store, NewMetrics(reg), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	reg, logs := prometheus.NewRegistry(), gbytes.NewBuffer()
+	d, err := New(cfg, store, NewMetrics(reg), slog.New(slog.NewTextHandler(logs, nil)))
 	Expect(err).NotTo(HaveOccurred())
-	return &running{Drainer: d, reg: reg}
+	return &running{Drainer: d, reg: reg, logs: logs}
 }
 
 // start runs the drainer until the test ends.

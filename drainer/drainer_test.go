@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gbytes"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -182,7 +183,10 @@ var _ = Describe("Failures", Label("integration"), func() {
 		seed(ctx, spec.Name, 20)
 		cfg := testConfig("drainer-a", spec, "amq.topic")
 		cfg.Broker.URL = "amqp://guest:guest@127.0.0.1:1/"
-		startDrainer(ctx, cfg)
+		d := startDrainer(ctx, cfg)
+		// From its first failed dial on, the drainer is in the loop the
+		// window below watches.
+		Eventually(d.logs, drainTimeout).Should(gbytes.Say("Broker unavailable; claiming paused"))
 		Consistently(func() int {
 			return count(ctx, spec.Name, "claimed_by IS NOT NULL OR attempts > 0")
 		}, 2*time.Second, 100*time.Millisecond).Should(BeZero())

@@ -14,6 +14,7 @@ type Metrics struct {
 	BatchSize      prometheus.Histogram
 	InFlight       prometheus.Gauge
 	LastPublish    prometheus.Gauge
+	Listening      prometheus.Gauge
 	Pruned         *prometheus.CounterVec
 }
 
@@ -39,10 +40,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "batch_size_rows", Help: "Rows returned by one claim.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		InFlight:    prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight_messages", "Messages published and awaiting their confirm."))),
 		LastPublish: prometheus.NewGauge(prometheus.GaugeOpts(opts("last_publish_timestamp_seconds", "Unix time of the last confirmed publish."))),
+		Listening: prometheus.NewGauge(prometheus.GaugeOpts(opts("listening",
+			"1 while a LISTEN session on the table's notify channel is up and inserts wake the drainer at once; 0 while it relies on the poll."))),
 		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts(opts("pruned_rows_total",
 			"Rows deleted by retention, by kind (published; unpublished: past unpublishedMaxAge, never delivered).")), []string{"kind"}),
 	}
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
-		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Pruned)
+		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.Pruned)
 	return m
 }

@@ -27,8 +27,12 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 			cfg.PollInterval = 10 * time.Second
 			drainers = append(drainers, startDrainer(ctx, cfg))
 		}
-		for _, d := range drainers { // both have made their first claim and sit in the 10 s poll
-			Eventually(func() uint64 { return histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") }).Should(BeNumerically(">=", 1))
+		for _, d := range drainers {
+			// Listening, and past their first claim, which waits for the
+			// LISTEN: both now sit in the 10 s poll, and only a
+			// notification can wake them.
+			Eventually(func() float64 { return testutil.ToFloat64(d.metrics.Listening) }, drainTimeout).Should(Equal(1.0))
+			Eventually(func() uint64 { return histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") }, drainTimeout).Should(BeNumerically(">=", 1))
 		}
 
 		start := time.Now()

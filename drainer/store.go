@@ -216,10 +216,9 @@ func (s *Store) Prune(ctx context.Context, stmt Statement, limit int) (int64, er
 }
 
 // Listen holds a connection of its own in LISTEN on the table's notify
-// channel and calls notified after it starts listening (a notification may
-// have been missed before) and on every notification. It returns when the
-// connection fails or ctx ends.
-func (s *Store) Listen(ctx context.Context, spec TableSpec, notified func()) error {
+// channel. It calls listening once the LISTEN is in place and notified on
+// every notification, and returns when the connection fails or ctx ends.
+func (s *Store) Listen(ctx context.Context, spec TableSpec, listening, notified func()) error {
 	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -235,7 +234,7 @@ func (s *Store) Listen(ctx context.Context, spec TableSpec, notified func()) err
 	if _, err := conn.Exec(ctx, spec.Listen().SQL); err != nil {
 		return fmt.Errorf("listen on %s: %w", spec.NotifyChannel(), err)
 	}
-	notified()
+	listening()
 	for {
 		if _, err := conn.WaitForNotification(ctx); err != nil {
 			return err

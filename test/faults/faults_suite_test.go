@@ -40,6 +40,11 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	DeferCleanup(pool.Close)
 })
 
+// midDrainRows is enough rows that a fault injected after the first 2,000
+// are published still lands mid-drain: a drainer publishes several thousand
+// a second here, and rabbitmqctl or pg_ctlcluster take a second or more.
+const midDrainRows = 100_000
+
 // fleet is one test's outbox, exchange and queue, with rows to drain.
 type fleet struct {
 	table string
@@ -114,7 +119,7 @@ func rabbitmqctl(args ...string) string {
 
 var _ = Describe("Faults", Label("faults"), Serial, func() {
 	It("finishes the drain after RabbitMQ is stopped for 20 s, losing no row and counting no attempt", func(ctx SpecContext) {
-		f := newFleet(ctx, 30_000)
+		f := newFleet(ctx, midDrainRows)
 		addr := testenv.FreeAddr()
 		f.drain("fault-outage", addr)
 		f.waitPublished(ctx, 2000)
@@ -134,7 +139,7 @@ var _ = Describe("Faults", Label("faults"), Serial, func() {
 	})
 
 	It("takes no claim while the broker blocks publishing under a memory alarm, then finishes the drain", func(ctx SpecContext) {
-		f := newFleet(ctx, 30_000)
+		f := newFleet(ctx, midDrainRows)
 		addr := testenv.FreeAddr()
 		// Depth 16 allows a 6 s lease, so a stalled confirm is released after 2 s.
 		f.drain("fault-blocked", addr, "--pipeline-depth", "16", "--lease-ttl", "6s")
@@ -157,7 +162,7 @@ var _ = Describe("Faults", Label("faults"), Serial, func() {
 	})
 
 	It("finishes the drain after Postgres restarts mid-drain, losing no row and counting no attempt", func(ctx SpecContext) {
-		f := newFleet(ctx, 30_000)
+		f := newFleet(ctx, midDrainRows)
 		addr := testenv.FreeAddr()
 		f.drain("fault-restart", addr)
 		f.waitPublished(ctx, 2000)
@@ -176,7 +181,7 @@ var _ = Describe("Faults", Label("faults"), Serial, func() {
 	})
 
 	It("recovers from its Postgres sessions being terminated mid-drain, losing no row", func(ctx SpecContext) {
-		f := newFleet(ctx, 30_000)
+		f := newFleet(ctx, midDrainRows)
 		f.drain("fault-terminated", "")
 		f.waitPublished(ctx, 2000)
 

@@ -128,6 +128,13 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 			return k8s.Get(ctx, client.ObjectKey{Name: "orders", Namespace: shop}, &policyv1.PodDisruptionBudget{})
 		}).Should(Succeed(), "two replicas get a PodDisruptionBudget")
 		Expect(admitPod(ctx, shop, fleet.Spec.Template)).To(Succeed(), "the drainer pods are restricted too")
+		// The status write and its events come after the children: wait for
+		// them, so that the check below covers every kind of write.
+		od := &v1alpha1.OutboxDrainer{ObjectMeta: metav1.ObjectMeta{Name: "orders", Namespace: shop}}
+		Eventually(func(g Gomega) {
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(od), od)).To(Succeed())
+			g.Expect(od.Status.Conditions).NotTo(BeEmpty())
+		}, 30*time.Second).Should(Succeed(), "the manager wrote the fleet's status")
 		Expect(string(manager.Err.Contents())).NotTo(ContainSubstring("forbidden"))
 	})
 
