@@ -32,7 +32,8 @@ services: ## Start the local Postgres and RabbitMQ if they are installed but sto
 # The fault suite stops RabbitMQ, raises its memory alarm and kills Postgres
 # sessions, so it runs alone, after the others. The lock extends that to
 # other runs on the same machine (a second checkout, make bench): they share
-# the services, and a fault run takes them for itself.
+# the services, and a fault run takes them for itself. -o keeps the lock from
+# the daemons a fault spec restarts, which would otherwise hold it for good.
 FAULTS        := ./test/faults
 SERVICES_LOCK ?= /tmp/spillway-services.lock
 
@@ -40,15 +41,15 @@ SERVICES_LOCK ?= /tmp/spillway-services.lock
 test: services verify-generated $(HELM) ## Run every suite against the local Postgres, RabbitMQ and an envtest control plane; the fault suite last.
 	$(GO) vet ./...
 	assets=$$(hack/control-plane.sh) && export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) && \
-		flock -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
-		flock -x $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $(FAULTS)
+		flock -o -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
+		flock -o -x $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $(FAULTS)
 
 STRESS_RUNS     ?= 20
 STRESS_PACKAGES ?= ./drainer ./test/e2e
 
 .PHONY: test-stress
 test-stress: services ## Run the integration suites STRESS_RUNS times (default 20) with every core kept busy; stops at the first failure.
-	flock -s $(SERVICES_LOCK) env RUNS=$(STRESS_RUNS) hack/stress.sh $(STRESS_PACKAGES)
+	flock -o -s $(SERVICES_LOCK) env RUNS=$(STRESS_RUNS) hack/stress.sh $(STRESS_PACKAGES)
 
 .PHONY: control-plane
 control-plane: ## Build envtest's kube-apiserver and etcd from the Go module proxy into bin/control-plane (cached).
