@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -32,6 +33,12 @@ var (
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
+	// A descriptor this process inherited, such as a lock that a flock
+	// without -o holds for the run, would pass on to the Postgres that a spec
+	// restarts and stay held for as long as that server runs.
+	for fd := 3; fd < 256; fd++ {
+		syscall.CloseOnExec(fd)
+	}
 	spillway = testenv.BuildSpillway()
 	services, err := testenv.Connect(ctx)
 	Expect(err).NotTo(HaveOccurred())
