@@ -1,0 +1,167 @@
+package controllers_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/spillway-io/spillway/api/v1alpha1"
+)
+
+// silentListener accepts TCP connections and never answers: a database
+// that is up as far as the network can tell, and stuck beyond it.
+func silentListener() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	Expect(err).NotTo(HaveOccurred())
+	var mu sync.Mutex
+	var held []net.Conn
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			held = append(held, c)
+			mu.Unlock()
+		}
+	}()
+	DeferCleanup(func() {
+		_ = l.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range held {
+			_ = c.Close()
+		}
+	})
+	return l.Addr().String()
+}
+
+var _ = Describe("An OutboxDrainer in a shared cluster", Label("integration"), func() {
+	var (
+		ns    string
+		table string
+		od    *v1alpha1.OutboxDrainer
+	)
+	BeforeEach(func(ctx SpecContext) {
+		ns = namespace(ctx)
+		table = outboxTable(ctx)
+		od = outboxDrainer(ns, table)
+		connectionSecrets(ctx, ns)
+	})
+
+	Describe("objects of the same name that it did not create", func() {
+		// The application's own ServiceAccount and PodDisruptionBudget,
+		// named like the fleet.
+		appServiceAccount := func() *corev1.ServiceAccount {
+			return &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: od.Name, Namespace: ns, Labels: map[string]string{"app": od.Name}}}
+		}
+		appBudget := func() *policyv1.PodDisruptionBudget {
+			return &policyv1.PodDisruptionBudget{
+				ObjectMeta: metav1.ObjectMeta{Name: od.Name, Namespace: ns, Labels: map[string]string{"app": od.Name}},
+				Spec: policyv1.PodDisruptionBudgetSpec{
+					MinAvailable: ptr.To(intstr.FromInt32(1)),
+					Selector:     &metav1.LabelSelector{MatchLabels: map[string]string{"app": od.Name}},
+				},
+			}
+		}
+		// untouched says an object is exactly as the application left it.
+		untouched := func(ctx context.Context, obj client.Object, resourceVersion string) {
+			GinkgoHelper()
+			now := get(ctx, obj.DeepCopyObject().(client.Object))
+			Expect(now.GetResourceVersion()).To(Equal(resourceVersion), "%T %s was written", obj, obj.GetName())
+			Expect(now.GetOwnerReferences()).To(BeEmpty())
+		}
+
+		It("leaves the application's ServiceAccount and PodDisruptionBudget alone, says so, and leaves them behind when it is deleted", func(ctx SpecContext) {
+			sa, pdb := appServiceAccount(), appBudget()
+			Expect(k8s.Create(ctx, sa)).To(Succeed())
+			Expect(k8s.Create(ctx, pdb)).To(Succeed())
+			od.Spec.Replicas = ptr.To(int32(1)) // no budget wanted: the path that deleted the application's
+			Expect(k8s.Create(ctx, od)).To(Succeed())
+
+			Eventually(condition(ctx, od, v1alpha1.ConditionReady)).Should(And(
+				Not(BeNil()), HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "ResourceConflict"),
+				HaveField("Message", ContainSubstring(fmt.Sprintf("ServiceAccount %s/%s", ns, od.Name)))))
+			Eventually(events(ctx, od)).Should(ContainElement(And(
+				HavePrefix("Warning ResourceConflict: "), ContainSubstring(fmt.Sprintf("ServiceAccount %s/%s", ns, od.Name)))))
+			Consistently(func() {
+				untouched(ctx, sa, sa.ResourceVersion)
+				untouched(ctx, pdb, pdb.ResourceVersion)
+			}, 3*time.Second, 200*time.Millisecond).Should(Succeed())
+			Expect(get(ctx, sa.DeepCopy()).AutomountServiceAccountToken).To(BeNil())
+
+			Expect(k8s.Delete(ctx, od)).To(Succeed())
+			Eventually(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(od), od.DeepCopy()) }).
+				Should(Satisfy(func(err error) bool { return err != nil }))
+			untouched(ctx, sa, sa.ResourceVersion)
+			untouched(ctx, pdb, pdb.ResourceVersion)
+		})
+
+		It("applies the rest of the fleet but never the budget that another owns", func(ctx SpecContext) {
+			pdb := appBudget()
+			Expect(k8s.Create(ctx, pdb)).To(Succeed())
+			Expect(k8s.Create(ctx, od)).To(Succeed()) // two replicas: a budget is wanted
+			deploymentOf(ctx, od)
+			Eventually(condition(ctx, od, v1alpha1.ConditionReady)).Should(And(
+				Not(BeNil()), HaveField("Reason", "ResourceConflict"),
+				HaveField("Message", ContainSubstring(fmt.Sprintf("PodDisruptionBudget %s/%s", ns, od.Name)))))
+			Consistently(func() {
+				untouched(ctx, pdb, pdb.ResourceVersion)
+			}, 2*time.Second, 200*time.Millisecond).Should(Succeed())
+		})
+	})
+
+	It("lets a node drain evict drainers that are unready because the database is down", func(ctx SpecContext) {
+		Expect(k8s.Create(ctx, od)).To(Succeed())
+		pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: od.Name, Namespace: ns}}
+		Eventually(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(pdb), pdb) }).Should(Succeed())
+		Expect(pdb.Spec.UnhealthyPodEvictionPolicy).To(Equal(ptr.To(policyv1.AlwaysAllow)),
+			"with IfHealthyBudget, a database outage makes every drainer unready and blocks every eviction")
+	})
+
+	It("keeps a healthy fleet's status fresh and applies its spec at once while six others point at a database that never answers", func(ctx SpecContext) {
+		Expect(k8s.Create(ctx, od)).To(Succeed())
+		Eventually(func() *metav1.Time { return get(ctx, od.DeepCopy()).Status.LastProbeTime }).ShouldNot(BeNil())
+
+		stuck := silentListener()
+		secret(ctx, ns, "stuck-db", "postgres://postgres@"+stuck+"/test?sslmode=disable")
+		for i := range 6 {
+			s := outboxDrainer(ns, table)
+			s.Name = fmt.Sprintf("stuck-%d", i)
+			s.Spec.Database.URLSecretRef.Name = "stuck-db"
+			Expect(k8s.Create(ctx, s)).To(Succeed())
+		}
+
+		fresh := func(g Gomega) {
+			last := get(ctx, od.DeepCopy()).Status.LastProbeTime
+			g.Expect(last).NotTo(BeNil())
+			// lastProbeTime has a second's precision.
+			g.Expect(time.Since(last.Time)).To(BeNumerically("<", 2*statusInterval+time.Second),
+				"the healthy fleet's outbox was last read at %s", last.Format(time.RFC3339))
+		}
+		Consistently(fresh, 4*statusInterval, 250*time.Millisecond).Should(Succeed())
+
+		od = get(ctx, od)
+		patch := client.MergeFrom(od.DeepCopy())
+		od.Spec.BatchSize = 7
+		Expect(k8s.Patch(ctx, od, patch)).To(Succeed())
+		start := time.Now()
+		Eventually(func() []string {
+			return deploymentOf(ctx, od).Spec.Template.Spec.Containers[0].Args
+		}, 2*time.Second, 50*time.Millisecond).Should(ContainElement("--batch-size=7"))
+		GinkgoWriter.Printf("batchSize reached the Deployment in %s\n", time.Since(start))
+		Consistently(fresh, 2*statusInterval, 250*time.Millisecond).Should(Succeed())
+	})
+})
