@@ -9,14 +9,18 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
+	kstatus "sigs.k8s.io/cli-utils/pkg/kstatus/status"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/test/testenv"
 )
 
 // silentListener accepts TCP connections and never answers: a database
@@ -48,6 +52,28 @@ func silentListener() string {
 	return l.Addr().String()
 }
 
+// kstatusOf is the fleet's status as Argo CD and Flux compute it.
+func kstatusOf(ctx context.Context, od *v1alpha1.OutboxDrainer) func() *kstatus.Result {
+	return func() *kstatus.Result {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(v1alpha1.GroupVersion.WithKind("OutboxDrainer"))
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(od), u)).To(Succeed())
+		res, err := kstatus.Compute(u)
+		Expect(err).NotTo(HaveOccurred())
+		return res
+	}
+}
+
+// markReady plays the Deployment controller and the kubelet, which envtest
+// does not run: every drainer of the current template is up and ready.
+func markReady(ctx context.Context, d *appsv1.Deployment, replicas int32) {
+	d.Status = appsv1.DeploymentStatus{
+		ObservedGeneration: d.Generation,
+		Replicas:           replicas, UpdatedReplicas: replicas, ReadyReplicas: replicas, AvailableReplicas: replicas,
+	}
+	Expect(k8s.Status().Update(ctx, d)).To(Succeed())
+}
+
 var _ = Describe("An OutboxDrainer in a shared cluster", Label("integration"), func() {
 	var (
 		ns    string
@@ -77,11 +103,11 @@ var _ = Describe("An OutboxDrainer in a shared cluster", Label("integration"), f
 			}
 		}
 		// untouched says an object is exactly as the application left it.
-		untouched := func(ctx context.Context, obj client.Object, resourceVersion string) {
-			GinkgoHelper()
-			now := get(ctx, obj.DeepCopyObject().(client.Object))
-			Expect(now.GetResourceVersion()).To(Equal(resourceVersion), "%T %s was written", obj, obj.GetName())
-			Expect(now.GetOwnerReferences()).To(BeEmpty())
+		untouched := func(g Gomega, ctx context.Context, obj client.Object, resourceVersion string) {
+			now := obj.DeepCopyObject().(client.Object)
+			g.Expect(k8s.Get(ctx, client.ObjectKeyFromObject(obj), now)).To(Succeed(), "%T %s is gone", obj, obj.GetName())
+			g.Expect(now.GetResourceVersion()).To(Equal(resourceVersion), "%T %s was written", obj, obj.GetName())
+			g.Expect(now.GetOwnerReferences()).To(BeEmpty())
 		}
 
 		It("leaves the application's ServiceAccount and PodDisruptionBudget alone, says so, and leaves them behind when it is deleted", func(ctx SpecContext) {
@@ -96,17 +122,17 @@ var _ = Describe("An OutboxDrainer in a shared cluster", Label("integration"), f
 				HaveField("Message", ContainSubstring(fmt.Sprintf("ServiceAccount %s/%s", ns, od.Name)))))
 			Eventually(events(ctx, od)).Should(ContainElement(And(
 				HavePrefix("Warning ResourceConflict: "), ContainSubstring(fmt.Sprintf("ServiceAccount %s/%s", ns, od.Name)))))
-			Consistently(func() {
-				untouched(ctx, sa, sa.ResourceVersion)
-				untouched(ctx, pdb, pdb.ResourceVersion)
+			Consistently(func(g Gomega) {
+				untouched(g, ctx, sa, sa.ResourceVersion)
+				untouched(g, ctx, pdb, pdb.ResourceVersion)
 			}, 3*time.Second, 200*time.Millisecond).Should(Succeed())
 			Expect(get(ctx, sa.DeepCopy()).AutomountServiceAccountToken).To(BeNil())
 
 			Expect(k8s.Delete(ctx, od)).To(Succeed())
 			Eventually(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(od), od.DeepCopy()) }).
 				Should(Satisfy(func(err error) bool { return err != nil }))
-			untouched(ctx, sa, sa.ResourceVersion)
-			untouched(ctx, pdb, pdb.ResourceVersion)
+			untouched(Default, ctx, sa, sa.ResourceVersion)
+			untouched(Default, ctx, pdb, pdb.ResourceVersion)
 		})
 
 		It("applies the rest of the fleet but never the budget that another owns", func(ctx SpecContext) {
@@ -117,10 +143,32 @@ var _ = Describe("An OutboxDrainer in a shared cluster", Label("integration"), f
 			Eventually(condition(ctx, od, v1alpha1.ConditionReady)).Should(And(
 				Not(BeNil()), HaveField("Reason", "ResourceConflict"),
 				HaveField("Message", ContainSubstring(fmt.Sprintf("PodDisruptionBudget %s/%s", ns, od.Name)))))
-			Consistently(func() {
-				untouched(ctx, pdb, pdb.ResourceVersion)
+			Consistently(func(g Gomega) {
+				untouched(g, ctx, pdb, pdb.ResourceVersion)
 			}, 2*time.Second, 200*time.Millisecond).Should(Succeed())
 		})
+	})
+
+	It("follows kstatus: InProgress while the drainers start, Current once ready, Failed while a Secret is missing", func(ctx SpecContext) {
+		Expect(k8s.Create(ctx, od)).To(Succeed())
+		Eventually(kstatusOf(ctx, od)).Should(HaveField("Status", kstatus.InProgressStatus))
+
+		d := deploymentOf(ctx, od)
+		markReady(ctx, d, 2)
+		Eventually(kstatusOf(ctx, od)).Should(HaveField("Status", kstatus.CurrentStatus))
+
+		od = get(ctx, od)
+		patch := client.MergeFrom(od.DeepCopy())
+		od.Spec.Database.URLSecretRef.Name = "not-there"
+		Expect(k8s.Patch(ctx, od, patch)).To(Succeed())
+		Eventually(kstatusOf(ctx, od)).Should(And(HaveField("Status", kstatus.FailedStatus),
+			HaveField("Message", ContainSubstring(`Secret "not-there" (database URL) was not found`))))
+		Expect(get(ctx, od.DeepCopy()).Status.ObservedGeneration).To(Equal(od.Generation), "observed, not held back")
+
+		secret(ctx, ns, "not-there", testenv.DatabaseURL())
+		Eventually(kstatusOf(ctx, od)).Should(HaveField("Status", kstatus.InProgressStatus), "the rollout of the new Secret's mount")
+		markReady(ctx, get(ctx, d), 2)
+		Eventually(kstatusOf(ctx, od)).Should(HaveField("Status", kstatus.CurrentStatus))
 	})
 
 	It("lets a node drain evict drainers that are unready because the database is down", func(ctx SpecContext) {

@@ -7,8 +7,8 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 
@@ -194,7 +194,7 @@ var _ = Describe("The drainer Deployment", func() {
 				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"general"}}}}},
 			}}},
 			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: corev1.ScheduleAnyway}},
-			Env: []corev1.EnvVar{{Name: "PGSSLROOTCERT", Value: "/etc/ssl/db/ca.crt"}, {Name: "POD_NAME", Value: "hijack"}},
+			Env:                       []corev1.EnvVar{{Name: "PGSSLROOTCERT", Value: "/etc/ssl/db/ca.crt"}, {Name: "POD_NAME", Value: "hijack"}},
 			Volumes: []corev1.Volume{{Name: "db-ca", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
 				LocalObjectReference: corev1.LocalObjectReference{Name: "db-ca"}}}}},
 			VolumeMounts: []corev1.VolumeMount{{Name: "db-ca", MountPath: "/etc/ssl/db", ReadOnly: true}},

@@ -210,19 +210,31 @@ var warningReasons = map[string]bool{
 	v1alpha1.ReasonPoisonedRows:             true,
 }
 
+// warningOrder is the order in which conditions are considered for a
+// warning: the most specific first, so that a missing Secret's event is
+// DatabaseReachable's, which names the Secret the outbox needs.
+var warningOrder = []v1alpha1.ConditionType{
+	v1alpha1.ConditionDatabaseReachable, v1alpha1.ConditionReady, v1alpha1.ConditionDegraded,
+	v1alpha1.ConditionProgressing, v1alpha1.ConditionStalled, v1alpha1.ConditionReconciling,
+}
+
 // Warnings are the conditions that have just taken a warning reason, one
 // per reason: a missing Secret makes both Ready and DatabaseReachable
 // False, and is one event.
 func Warnings(before, after []metav1.Condition) []metav1.Condition {
 	seen := map[string]bool{}
 	var out []metav1.Condition
-	for _, c := range after {
+	for _, t := range warningOrder {
+		c := meta.FindStatusCondition(after, string(t))
+		if c == nil {
+			continue
+		}
 		if !warningReasons[c.Reason] || seen[c.Reason] {
 			continue
 		}
 		seen[c.Reason] = true
 		if prev := meta.FindStatusCondition(before, c.Type); prev == nil || prev.Reason != c.Reason {
-			out = append(out, c)
+			out = append(out, *c)
 		}
 	}
 	return out
