@@ -39,9 +39,14 @@ SERVICES_LOCK ?= /tmp/spillway-services.lock
 .PHONY: test
 test: services verify-generated $(HELM) ## Run every suite against the local Postgres, RabbitMQ and an envtest control plane; the fault suite last.
 	$(GO) vet ./...
-	assets=$$(hack/control-plane.sh) && export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) && \
+	assets=$$(hack/control-plane.sh) && promtool=$$(hack/promtool.sh) && \
+		export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) PROMTOOL=$$promtool && \
 		flock -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
 		flock -x $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $(FAULTS)
+
+.PHONY: promtool
+promtool: ## Build promtool from the Go module proxy into bin/ (cached), for the chart's alert tests.
+	@hack/promtool.sh
 
 .PHONY: control-plane
 control-plane: ## Build envtest's kube-apiserver and etcd from the Go module proxy into bin/control-plane (cached).

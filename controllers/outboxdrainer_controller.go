@@ -112,6 +112,7 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		Interval:    od.Spec.StatusInterval.Duration,
 	})
 	next := nextStatus(od, fleet, read)
+	r.Prober.ReportReady(req.NamespacedName, meta.IsStatusConditionTrue(next.Conditions, string(v1alpha1.ConditionReady)))
 	if !equality.Semantic.DeepEqual(&od.Status, next) {
 		warnings := status.Warnings(od.Status.Conditions, next.Conditions)
 		od.Status = *next

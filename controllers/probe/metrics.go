@@ -20,6 +20,8 @@ type Metrics struct {
 	LastRead         *prometheus.GaugeVec
 	ProbeDuration    *prometheus.HistogramVec
 	ProbeErrors      *prometheus.CounterVec
+	// Ready is the fleet's Ready condition, which the reconciler reports.
+	Ready *prometheus.GaugeVec
 }
 
 var (
@@ -58,7 +60,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Reads of the outbox that failed, by the DatabaseReachable condition's reason.",
 		}, append(fleet, "reason")),
 	}
-	reg.MustRegister(m.Backlog, m.Poisoned, m.OldestPendingAge, m.CountCapped, m.LastRead, m.ProbeDuration, m.ProbeErrors)
+	m.Ready = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "spillway", Subsystem: "outboxdrainer", Name: "ready",
+		Help: "1 while the OutboxDrainer's Ready condition is True: every desired drainer ready and the outbox read."}, fleet)
+	reg.MustRegister(m.Backlog, m.Poisoned, m.OldestPendingAge, m.CountCapped, m.LastRead, m.ProbeDuration, m.ProbeErrors, m.Ready)
 	return m
 }
 
@@ -94,7 +98,7 @@ func (m *Metrics) record(key types.NamespacedName, r *Result, elapsed time.Durat
 // forget removes every series of a deleted fleet.
 func (m *Metrics) forget(key types.NamespacedName) {
 	labels := prometheus.Labels{"namespace": key.Namespace, "name": key.Name}
-	for _, g := range []*prometheus.GaugeVec{m.Backlog, m.Poisoned, m.OldestPendingAge, m.CountCapped, m.LastRead} {
+	for _, g := range []*prometheus.GaugeVec{m.Backlog, m.Poisoned, m.OldestPendingAge, m.CountCapped, m.LastRead, m.Ready} {
 		g.Delete(labels)
 	}
 	m.ProbeDuration.DeletePartialMatch(labels)

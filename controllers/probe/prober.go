@@ -173,6 +173,16 @@ func (p *Prober) Forget(key types.NamespacedName) {
 	}
 }
 
+// ReportReady publishes a fleet's Ready condition beside its outbox's
+// numbers, so one scrape has both.
+func (p *Prober) ReportReady(key types.NamespacedName, ready bool) {
+	v := 0.0
+	if ready {
+		v = 1
+	}
+	p.metrics.Ready.WithLabelValues(key.Namespace, key.Name).Set(v)
+}
+
 // NeedLeaderElection is true: only the leader reads outboxes.
 func (p *Prober) NeedLeaderElection() bool { return true }
 

@@ -153,6 +153,23 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 		Expect(check(served)).To(ContainSubstring("No resources found"))
 	})
 
+	It("upgrades the CRD that helm installed with the README's kubectl apply --server-side step", func(ctx SpecContext) {
+		// An older CRD, as an earlier release of the chart installed it: one
+		// status field fewer.
+		crd := get(ctx, &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "outboxdrainers.spillway.io"}})
+		status := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"]
+		Expect(status.Properties).To(HaveKey("countCapped"))
+		delete(status.Properties, "countCapped")
+		crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"] = status
+		Expect(k8s.Update(ctx, crd)).To(Succeed())
+
+		out := mustRun("kubectl", "apply", "--server-side", "--force-conflicts", "--field-manager=spillway-crds", "-f", chart+"/crds/")
+		Expect(out).To(ContainSubstring("customresourcedefinition.apiextensions.k8s.io/outboxdrainers.spillway.io serverside-applied"))
+		crd = get(ctx, crd)
+		Expect(crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"].Properties).To(HaveKey("countCapped"))
+		Expect(mustRun(helm, "status", release, "--namespace", namespace)).To(ContainSubstring("STATUS: deployed"), "the release is untouched")
+	})
+
 	It("applies config/default in a server-side dry run, with the operator's image as its fleets' image", func() {
 		out := mustRun("kubectl", "apply", "--dry-run=server", "-k", "config/default")
 		Expect(out).To(ContainSubstring("deployment.apps/spillway-operator created (server dry run)"))
