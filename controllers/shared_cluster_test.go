@@ -12,6 +12,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/intstr"
@@ -169,6 +170,28 @@ var _ = Describe("An OutboxDrainer in a shared cluster", Label("integration"), f
 		Eventually(kstatusOf(ctx, od)).Should(HaveField("Status", kstatus.InProgressStatus), "the rollout of the new Secret's mount")
 		markReady(ctx, get(ctx, d), 2)
 		Eventually(kstatusOf(ctx, od)).Should(HaveField("Status", kstatus.CurrentStatus))
+	})
+
+	It("caches only the objects it labels, not every Deployment in the cluster", func(ctx SpecContext) {
+		app := &appsv1.Deployment{
+			ObjectMeta: metav1.ObjectMeta{Name: "shop-api", Namespace: ns},
+			Spec: appsv1.DeploymentSpec{
+				Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "shop-api"}},
+				Template: corev1.PodTemplateSpec{
+					ObjectMeta: metav1.ObjectMeta{Labels: map[string]string{"app": "shop-api"}},
+					Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "api", Image: "shop-api"}}},
+				},
+			},
+		}
+		Expect(k8s.Create(ctx, app)).To(Succeed())
+		Expect(k8s.Create(ctx, od)).To(Succeed())
+		// The reconciler's client reads the manager's cache.
+		Eventually(func() error {
+			return reconciler.Get(ctx, client.ObjectKeyFromObject(od), &appsv1.Deployment{})
+		}).Should(Succeed(), "the fleet's Deployment, which it labels, is cached")
+		Consistently(func() bool {
+			return apierrors.IsNotFound(reconciler.Get(ctx, client.ObjectKeyFromObject(app), &appsv1.Deployment{}))
+		}, time.Second).Should(BeTrue(), "the application's Deployment is not")
 	})
 
 	It("lets a node drain evict drainers that are unready because the database is down", func(ctx SpecContext) {
