@@ -118,6 +118,6 @@ var _ = Describe("spillway manager", Label("integration"), func() {
 			ContainSubstring(`spillway_outboxdrainer_ready{name="orders",namespace="`+ns+`"} 0`)))
 		Expect(scrape("")()).To(HavePrefix("401: "), "no token")
 		Expect(scrape(stranger)()).To(HavePrefix("403: "), "a token without get on /metrics")
-		Expect(fetch("http://" + metricsAddr + "/metrics")()).To(HavePrefix("400: "), "no plain HTTP")
+		Expect(fetch("http://"+metricsAddr+"/metrics")()).To(HavePrefix("400: "), "no plain HTTP")
 	})
 })
