@@ -223,6 +223,11 @@ var _ = Describe("An OutboxDrainer in a shared cluster", Label("integration"), f
 				"the healthy fleet's outbox was last read at %s", last.Format(time.RFC3339))
 		}
 		Consistently(fresh, 4*statusInterval, 250*time.Millisecond).Should(Succeed())
+		for i := range 6 {
+			s := &v1alpha1.OutboxDrainer{ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("stuck-%d", i), Namespace: ns}}
+			Eventually(condition(ctx, s, v1alpha1.ConditionDatabaseReachable)).Should(And(Not(BeNil()),
+				HaveField("Reason", "ConnectionFailed"), HaveField("Message", ContainSubstring("no answer within "+probeTimeout.String()))))
+		}
 
 		od = get(ctx, od)
 		patch := client.MergeFrom(od.DeepCopy())
