@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -277,7 +278,10 @@ func (p *Prober) read(ctx context.Context, key types.NamespacedName) {
 	p.metrics.record(key, result, elapsed)
 	p.queue.AddAfter(key, next)
 	select {
-	case p.events <- event.TypedGenericEvent[client.Object]{Object: &v1alpha1.OutboxDrainer{ObjectMeta: ctrlObjectMeta(key)}}:
+	// The event names the fleet; the reconciler reads the result with Want.
+	case p.events <- event.TypedGenericEvent[client.Object]{Object: &v1alpha1.OutboxDrainer{
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name},
+	}}:
 	case <-ctx.Done():
 	}
 }

@@ -9,8 +9,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
@@ -18,10 +16,6 @@ import (
 	"github.com/spillway-io/spillway/controllers/status"
 	"github.com/spillway-io/spillway/drainer"
 )
-
-func ctrlObjectMeta(key types.NamespacedName) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}
-}
 
 // readOutbox reads the referenced Secrets, then the outbox's health through
 // the same table mapping the drainers use. What it finds, failures included,
