@@ -40,7 +40,8 @@ SERVICES_LOCK ?= /tmp/spillway-services.lock
 .PHONY: test
 test: services verify-generated $(HELM) ## Run every suite against the local Postgres, RabbitMQ and an envtest control plane; the fault suite last.
 	$(GO) vet ./...
-	assets=$$(hack/control-plane.sh) && export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) && \
+	assets=$$(hack/control-plane.sh) && promtool=$$(hack/promtool.sh) && \
+		export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) PROMTOOL=$$promtool && \
 		flock -o -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
 		flock -o -x $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $(FAULTS)
 
@@ -50,6 +51,10 @@ STRESS_PACKAGES ?= ./drainer ./test/e2e
 .PHONY: test-stress
 test-stress: services ## Run the integration suites STRESS_RUNS times (default 20) with every core kept busy; stops at the first failure.
 	flock -o -s $(SERVICES_LOCK) env RUNS=$(STRESS_RUNS) hack/stress.sh $(STRESS_PACKAGES)
+
+.PHONY: promtool
+promtool: ## Build promtool from the Go module proxy into bin/ (cached), for the chart's alert tests.
+	@hack/promtool.sh
 
 .PHONY: control-plane
 control-plane: ## Build envtest's kube-apiserver and etcd from the Go module proxy into bin/control-plane (cached).

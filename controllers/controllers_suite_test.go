@@ -11,10 +11,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/controllers"
+	"github.com/spillway-io/spillway/controllers/probe"
 	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -58,6 +61,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:  scheme,
+		Cache:   controllers.CacheOptions(nil),
 		Metrics: metricsserver.Options{BindAddress: "0"},
 		// spillway manager's own test registers the controller's name again.
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
@@ -69,6 +73,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		Scheme:    scheme,
 		Recorder:  mgr.GetEventRecorder("spillway-operator"),
 		Image:     "ghcr.io/spillway-io/spillway:test",
+		// A short timeout, so a database that never answers shows as such
+		// within a spec's patience.
+		Prober: probe.New(mgr.GetAPIReader(), probe.NewMetrics(prometheus.NewRegistry()), probe.Options{Timeout: probeTimeout}),
 	}
 	mgrCtx, stop := context.WithCancel(context.Background())
 	Expect(reconciler.SetupWithManager(mgrCtx, mgr)).To(Succeed())
@@ -140,6 +147,9 @@ func runSQL(ctx context.Context, sql string, args ...any) {
 // statusInterval is short, so a test sees the status follow the outbox.
 const statusInterval = 2 * time.Second
 
+// probeTimeout bounds the suite's reads of an outbox.
+const probeTimeout = 3 * time.Second
+
 // outboxDrainer is a fleet over table with the Secrets connectionSecrets
 // creates, reading its outbox every statusInterval.
 func outboxDrainer(ns, table string) *v1alpha1.OutboxDrainer {
@@ -183,6 +193,15 @@ func writeCountingReconciler() (*controllers.OutboxDrainerReconciler, *[]string)
 			record("patch", obj)
 			return c.Patch(ctx, obj, patch, opts...)
 		},
+		Apply: func(ctx context.Context, c client.WithWatch, obj runtime.ApplyConfiguration, opts ...client.ApplyOption) error {
+			u, _ := obj.(interface{ GetName() string })
+			name := ""
+			if u != nil {
+				name = u.GetName()
+			}
+			writes = append(writes, "apply "+name)
+			return c.Apply(ctx, obj, opts...)
+		},
 		Delete: func(ctx context.Context, c client.WithWatch, obj client.Object, opts ...client.DeleteOption) error {
 			record("delete", obj)
 			return c.Delete(ctx, obj, opts...)
@@ -196,8 +215,10 @@ func writeCountingReconciler() (*controllers.OutboxDrainerReconciler, *[]string)
 			return c.SubResource(sub).Patch(ctx, obj, patch, opts...)
 		},
 	})
+	// The suite's Prober: a reconcile reports what it last read.
 	return &controllers.OutboxDrainerReconciler{
 		Client: c, APIReader: c, Scheme: reconciler.Scheme, Recorder: reconciler.Recorder, Image: reconciler.Image,
+		Prober: reconciler.Prober,
 	}, &writes
 }
 

@@ -15,7 +15,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -23,19 +25,23 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/controllers/probe"
 	"github.com/spillway-io/spillway/controllers/resource"
 	"github.com/spillway-io/spillway/controllers/status"
-	"github.com/spillway-io/spillway/drainer"
 )
 
 // secretNameIndex indexes OutboxDrainers by the Secrets they reference.
 const secretNameIndex = ".spec.urlSecretRefs.name"
+
+// FieldOwner is the operator's field manager: server-side apply records it
+// as the owner of every field the builders set, and reverts others' edits
+// of them.
+const FieldOwner = "spillway-operator"
 
 // errCacheBehind marks a write the API server refused because the cache
 // that the reconcile read had not seen a recent write yet. It is not a
@@ -50,51 +56,63 @@ func isCacheBehind(err error) bool {
 }
 
 // OutboxDrainerReconciler turns an OutboxDrainer into a fleet of drainers
-// and reports its outbox's health.
+// and reports its outbox's health, as the Prober last read it.
 type OutboxDrainerReconciler struct {
 	client.Client
-	// APIReader reads Secrets straight from the API server: the manager
-	// caches only their metadata, never their values.
+	// APIReader reads straight from the API server: the manager caches only
+	// the objects the operator labels, and a same-named object of someone
+	// else's is found only there.
 	APIReader client.Reader
 	Scheme    *runtime.Scheme
 	Recorder  events.EventRecorder
 	// Image is the drainer image of fleets that do not name one.
 	Image string
+	// Prober reads the outboxes off the reconcile path.
+	Prober *probe.Prober
 }
 
 // +kubebuilder:rbac:groups=spillway.io,resources=outboxdrainers,verbs=get;list;watch
 // +kubebuilder:rbac:groups=spillway.io,resources=outboxdrainers/status,verbs=get;update
 // +kubebuilder:rbac:groups=spillway.io,resources=outboxdrainers/finalizers,verbs=update
-// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;update
-// +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;update
-// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;update;delete
+// +kubebuilder:rbac:groups=apps,resources=deployments,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;patch
+// +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
-// Reconcile applies the fleet's objects, reads the outbox when a read is
-// due, and writes the status once, if it changed.
+// Reconcile applies the fleet's objects, tells the Prober what to read, and
+// writes the status once, if it changed. It never waits on a database.
 func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	od := &v1alpha1.OutboxDrainer{}
 	if err := r.Get(ctx, req.NamespacedName, od); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.Prober.Forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !od.DeletionTimestamp.IsZero() {
 		// The children go with it, through their owner references.
+		r.Prober.Forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
 
 	fleet := status.Fleet{Generation: od.Generation, Paused: od.Spec.Paused, DesiredReplicas: resource.DesiredReplicas(od)}
-	fleet.Deployment, fleet.ApplyError = r.applyChildren(ctx, od)
+	fleet.Deployment, fleet.Conflict, fleet.ApplyError = r.applyChildren(ctx, od)
 	if errors.Is(fleet.ApplyError, errCacheBehind) {
 		ctrl.LoggerFrom(ctx).V(1).Info("Retrying after a stale read", "error", fleet.ApplyError)
 		return ctrl.Result{RequeueAfter: cacheRetry}, nil
 	}
 
-	now := time.Now()
-	next, err := r.nextStatus(ctx, od, fleet, now)
-	if err != nil {
-		return ctrl.Result{}, err
-	}
+	read := r.Prober.Want(probe.Target{
+		Key:         req.NamespacedName,
+		Generation:  od.Generation,
+		Database:    od.Spec.Database,
+		Broker:      od.Spec.Broker.URLSecretRef,
+		MaxAttempts: int(od.Spec.MaxAttempts),
+		Interval:    od.Spec.StatusInterval.Duration,
+	})
+	next := nextStatus(od, fleet, read)
+	r.Prober.ReportReady(req.NamespacedName, meta.IsStatusConditionTrue(next.Conditions, string(v1alpha1.ConditionReady)))
 	if !equality.Semantic.DeepEqual(&od.Status, next) {
 		warnings := status.Warnings(od.Status.Conditions, next.Conditions)
 		od.Status = *next
@@ -111,142 +129,196 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	if fleet.ApplyError != nil {
 		return ctrl.Result{}, fleet.ApplyError
 	}
-	return ctrl.Result{RequeueAfter: untilNextProbe(next, od.Spec.StatusInterval.Duration, now)}, nil
+	if fleet.Conflict != nil {
+		// Nothing to watch tells the operator when the other object goes:
+		// look again now and then.
+		return ctrl.Result{RequeueAfter: conflictRetry}, nil
+	}
+	return ctrl.Result{}, nil
 }
 
+// conflictRetry is how often a fleet blocked by another's object looks again.
+const conflictRetry = time.Minute
+
 // nextStatus is what this reconcile observed: the fleet as applied, and the
-// outbox as read now or, when no read is due, as last read.
-func (r *OutboxDrainerReconciler) nextStatus(ctx context.Context, od *v1alpha1.OutboxDrainer, fleet status.Fleet, now time.Time) (*v1alpha1.OutboxDrainerStatus, error) {
+// outbox as the Prober last read it.
+func nextStatus(od *v1alpha1.OutboxDrainer, fleet status.Fleet, read *probe.Result) *v1alpha1.OutboxDrainerStatus {
 	next := od.Status.DeepCopy()
-	// A read that is not due would find what the last one did: everything.
-	probe := status.Probe{Reason: v1alpha1.ReasonOutboxRead}
-	if probeDue(od, now) {
-		var err error
-		if probe, err = r.readOutbox(ctx, od); err != nil {
-			return nil, err
-		}
-		if probe.Outbox != nil {
-			recordOutbox(next, *probe.Outbox, now)
-		}
-		meta.SetStatusCondition(&next.Conditions, status.DatabaseReachable(probe, od.Generation))
+	var missingSecrets []string
+	if read != nil {
+		missingSecrets = read.MissingSecrets
+		recordOutbox(next, read)
+		meta.SetStatusCondition(&next.Conditions, status.DatabaseReachable(read.Probe, read.Generation))
 	}
 	database := ptr.Deref(meta.FindStatusCondition(next.Conditions, string(v1alpha1.ConditionDatabaseReachable)), metav1.Condition{})
-	meta.SetStatusCondition(&next.Conditions, status.Ready(fleet, probe.MissingSecrets, database))
-	meta.SetStatusCondition(&next.Conditions, status.Progressing(fleet))
-	meta.SetStatusCondition(&next.Conditions, status.Degraded(fleet, ptr.Deref(next.Poisoned, 0)))
+	ready := status.Ready(fleet, missingSecrets, database)
+	progressing := status.Progressing(fleet)
+	stalled := status.Stalled(od.Generation, ready, database, progressing)
+	for _, c := range []metav1.Condition{
+		ready, progressing, status.Degraded(fleet, ptr.Deref(next.Poisoned, 0)),
+		stalled, status.Reconciling(od.Generation, ready, progressing, stalled),
+	} {
+		meta.SetStatusCondition(&next.Conditions, c)
+	}
 	next.Selector = resource.Selector(od)
 	if d := fleet.Deployment; d != nil {
 		next.Replicas, next.ReadyReplicas = d.Status.Replicas, d.Status.ReadyReplicas
 	}
-	// observedGeneration says the spec has been fully acted on: every object
-	// applied and every Secret the drainers mount found.
-	if fleet.ApplyError == nil && len(probe.MissingSecrets) == 0 {
-		next.ObservedGeneration = od.Generation
+	// kstatus: the spec has been acted on, however that went; Stalled and
+	// Reconciling say how.
+	next.ObservedGeneration = od.Generation
+	return next
+}
+
+// recordOutbox puts a read into the status, at a second's precision, as
+// the status can show it. A failed read removes the numbers: old numbers
+// shown as current would mislead a reader and an autoscaler alike.
+func recordOutbox(s *v1alpha1.OutboxDrainerStatus, read *probe.Result) {
+	o := read.Outbox
+	if o == nil {
+		s.Backlog, s.Poisoned, s.OldestPendingAge, s.CountCapped = nil, nil, nil, false
+		return
 	}
-	return next, nil
-}
-
-// untilNextProbe is when to reconcile again. A failed read, a missing Secret
-// included, is retried at the status interval, not in a tight loop; a Secret
-// that appears sooner triggers a reconcile through the Secret watch.
-func untilNextProbe(s *v1alpha1.OutboxDrainerStatus, interval time.Duration, now time.Time) time.Duration {
-	if s.LastProbeTime == nil || !probeHealthy(s) {
-		return interval
-	}
-	return max(s.LastProbeTime.Add(interval).Sub(now), time.Second)
-}
-
-// probeDue says whether to read the outbox now. A healthy fleet's outbox is
-// read once per status interval, however often the Deployment's status
-// changes; one that was not read, or whose spec changed, at every reconcile.
-func probeDue(od *v1alpha1.OutboxDrainer, now time.Time) bool {
-	last := od.Status.LastProbeTime
-	return last == nil || !probeHealthy(&od.Status) || od.Status.ObservedGeneration != od.Generation ||
-		!now.Before(last.Add(od.Spec.StatusInterval.Duration))
-}
-
-// probeHealthy says whether the last read found the outbox and every Secret.
-func probeHealthy(s *v1alpha1.OutboxDrainerStatus) bool {
-	ready := meta.FindStatusCondition(s.Conditions, string(v1alpha1.ConditionReady))
-	return meta.IsStatusConditionTrue(s.Conditions, string(v1alpha1.ConditionDatabaseReachable)) &&
-		(ready == nil || ready.Reason != v1alpha1.ReasonSecretNotFound)
-}
-
-// recordOutbox puts a successful read into the status, at a second's
-// precision, as the status can show it.
-func recordOutbox(s *v1alpha1.OutboxDrainerStatus, o drainer.OutboxStatus, now time.Time) {
-	s.Backlog, s.Poisoned = ptr.To(o.Backlog), ptr.To(o.Poisoned)
+	s.Backlog, s.Poisoned, s.CountCapped = ptr.To(o.Backlog), ptr.To(o.Poisoned), o.Capped
 	s.OldestPendingAge = nil
 	if o.AgeKnown {
 		s.OldestPendingAge = &metav1.Duration{Duration: o.OldestPendingAge.Round(time.Second)}
 	}
-	s.LastProbeTime = ptr.To(metav1.NewTime(now.Truncate(time.Second)))
+	s.LastProbeTime = ptr.To(metav1.NewTime(read.Time.Truncate(time.Second)))
 }
 
 // applyChildren applies every child object in the builders' order, and
-// returns the Deployment as the API server has it.
-func (r *OutboxDrainerReconciler) applyChildren(ctx context.Context, od *v1alpha1.OutboxDrainer) (*appsv1.Deployment, error) {
+// returns the Deployment as the API server has it. It stops at the first
+// object whose name another object holds: the ServiceAccount first, so
+// drainers never run as someone else's.
+func (r *OutboxDrainerReconciler) applyChildren(ctx context.Context, od *v1alpha1.OutboxDrainer) (*appsv1.Deployment, *status.Conflict, error) {
 	builders := &resource.OutboxDrainerResourceBuilder{Instance: od, Scheme: r.Scheme, Image: r.Image}
 	var deployment *appsv1.Deployment
 	for _, b := range builders.ResourceBuilders() {
-		obj, err := r.apply(ctx, od, b)
-		if err != nil {
-			return deployment, err
+		obj, conflict, err := r.apply(ctx, od, b)
+		if err != nil || conflict != nil {
+			return deployment, conflict, err
 		}
 		if d, ok := obj.(*appsv1.Deployment); ok {
 			deployment = d
 		}
 	}
-	return deployment, nil
+	return deployment, nil, nil
 }
 
-// apply creates or updates one child object, or deletes it when it is not
-// wanted, and logs and records what it did.
-func (r *OutboxDrainerReconciler) apply(ctx context.Context, od *v1alpha1.OutboxDrainer, b resource.ResourceBuilder) (client.Object, error) {
-	obj := b.Build()
-	gvk, err := apiutil.GVKForObject(obj, r.Scheme)
+// apply applies one child object with server-side apply, or deletes it when
+// it is not wanted, and logs and records what it did. It never writes an
+// object that the OutboxDrainer does not control: that is a Conflict.
+func (r *OutboxDrainerReconciler) apply(ctx context.Context, od *v1alpha1.OutboxDrainer, b resource.ResourceBuilder) (client.Object, *status.Conflict, error) {
+	desired, err := b.Build()
+	if err != nil {
+		return nil, nil, err
+	}
+	gvk, err := apiutil.GVKForObject(desired, r.Scheme)
+	if err != nil {
+		return nil, nil, err
+	}
+	kind, name := gvk.Kind, desired.GetName()
+	log := ctrl.LoggerFrom(ctx).WithValues("kind", kind, "name", name)
+	live, err := r.existing(ctx, gvk, client.ObjectKeyFromObject(desired))
+	if err != nil {
+		return nil, nil, fmt.Errorf("get %s %s: %w", kind, name, err)
+	}
+	if live != nil && !metav1.IsControlledBy(live, od) {
+		if !b.Wanted() {
+			return nil, nil, nil // not ours, and no business of ours
+		}
+		return nil, conflictWith(kind, live), nil
+	}
+
+	if !b.Wanted() {
+		if live == nil {
+			return nil, nil, nil
+		}
+		// The precondition makes sure the object deleted is the one checked.
+		err := r.Delete(ctx, desired, client.Preconditions{UID: &live.UID, ResourceVersion: &live.ResourceVersion})
+		if isCacheBehind(err) {
+			return nil, nil, fmt.Errorf("delete %s %s: %w: %w", kind, name, errCacheBehind, err)
+		}
+		if client.IgnoreNotFound(err) != nil {
+			r.Recorder.Eventf(od, desired, corev1.EventTypeWarning, "FailedDelete", "Delete", "Failed to delete %s %s: %v", kind, name, err)
+			return nil, nil, fmt.Errorf("delete %s %s: %w", kind, name, err)
+		}
+		log.Info("Deleted " + kind)
+		r.Recorder.Eventf(od, desired, corev1.EventTypeNormal, "SuccessfulDelete", "Delete", "Deleted %s %s", kind, name)
+		return nil, nil, nil
+	}
+
+	u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(desired)
+	if err != nil {
+		return nil, nil, fmt.Errorf("apply %s %s: %w", kind, name, err)
+	}
+	applied := &unstructured.Unstructured{Object: u}
+	applied.SetGroupVersionKind(gvk)
+	// Server-set or empty fields the typed object carries; applying them
+	// would claim them.
+	unstructured.RemoveNestedField(applied.Object, "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(applied.Object, "spec", "template", "metadata", "creationTimestamp")
+	unstructured.RemoveNestedField(applied.Object, "status")
+	err = r.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), client.FieldOwner(FieldOwner), client.ForceOwnership)
+	if err != nil {
+		r.Recorder.Eventf(od, desired, corev1.EventTypeWarning, "FailedApply", "Apply", "Failed to apply %s %s: %v", kind, name, err)
+		return nil, nil, fmt.Errorf("apply %s %s: %w", kind, name, err)
+	}
+	switch {
+	case live == nil:
+		log.Info("Created " + kind)
+		r.Recorder.Eventf(od, desired, corev1.EventTypeNormal, "SuccessfulCreate", "Create", "Created %s %s", kind, name)
+	case applied.GetResourceVersion() != live.ResourceVersion:
+		log.Info("Updated " + kind)
+		r.Recorder.Eventf(od, desired, corev1.EventTypeNormal, "SuccessfulUpdate", "Update", "Updated %s %s", kind, name)
+	}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(applied.Object, desired); err != nil {
+		return nil, nil, fmt.Errorf("apply %s %s: %w", kind, name, err)
+	}
+	return desired, nil, nil
+}
+
+// existing returns the metadata of the object of that kind and name, or nil.
+// The cache holds only what the operator labelled, so a miss is confirmed
+// with the API server, which also sees an object of someone else's.
+func (r *OutboxDrainerReconciler) existing(ctx context.Context, gvk schema.GroupVersionKind, key client.ObjectKey) (*metav1.ObjectMeta, error) {
+	obj, err := r.Scheme.New(gvk)
 	if err != nil {
 		return nil, err
 	}
-	kind, name := gvk.Kind, obj.GetName()
-	log := ctrl.LoggerFrom(ctx).WithValues("kind", kind, "name", name)
-
-	if !b.Wanted() {
-		if err := r.Get(ctx, client.ObjectKeyFromObject(obj), obj); apierrors.IsNotFound(err) {
-			return nil, nil
-		} else if err != nil {
-			return nil, fmt.Errorf("get %s %s: %w", kind, name, err)
-		}
-		if err := r.Delete(ctx, obj); client.IgnoreNotFound(err) != nil {
-			r.Recorder.Eventf(od, obj, corev1.EventTypeWarning, "FailedDelete", "Delete", "Failed to delete %s %s: %v", kind, name, err)
-			return nil, fmt.Errorf("delete %s %s: %w", kind, name, err)
-		}
-		log.Info("Deleted " + kind)
-		r.Recorder.Eventf(od, obj, corev1.EventTypeNormal, "SuccessfulDelete", "Delete", "Deleted %s %s", kind, name)
+	cached := obj.(client.Object)
+	err = r.Get(ctx, key, cached)
+	if err == nil {
+		return &metav1.ObjectMeta{
+			Name: cached.GetName(), Namespace: cached.GetNamespace(), UID: cached.GetUID(),
+			ResourceVersion: cached.GetResourceVersion(), OwnerReferences: cached.GetOwnerReferences(),
+		}, nil
+	}
+	if !apierrors.IsNotFound(err) {
+		return nil, err
+	}
+	live := &metav1.PartialObjectMetadata{}
+	live.SetGroupVersionKind(gvk)
+	if err := r.APIReader.Get(ctx, key, live); apierrors.IsNotFound(err) {
 		return nil, nil
+	} else if err != nil {
+		return nil, err
 	}
-
-	op, err := controllerutil.CreateOrUpdate(ctx, r.Client, obj, func() error { return b.Update(obj) })
-	if isCacheBehind(err) {
-		return nil, fmt.Errorf("create or update %s %s: %w: %w", kind, name, errCacheBehind, err)
-	}
-	if err != nil {
-		r.Recorder.Eventf(od, obj, corev1.EventTypeWarning, "FailedUpdate", "Update", "Failed to create or update %s %s: %v", kind, name, err)
-		return nil, fmt.Errorf("create or update %s %s: %w", kind, name, err)
-	}
-	switch op {
-	case controllerutil.OperationResultCreated:
-		log.Info("Created " + kind)
-		r.Recorder.Eventf(od, obj, corev1.EventTypeNormal, "SuccessfulCreate", "Create", "Created %s %s", kind, name)
-	case controllerutil.OperationResultUpdated:
-		log.Info("Updated " + kind)
-		r.Recorder.Eventf(od, obj, corev1.EventTypeNormal, "SuccessfulUpdate", "Update", "Updated %s %s", kind, name)
-	}
-	return obj, nil
+	return &live.ObjectMeta, nil
 }
 
-// SetupWithManager watches OutboxDrainers, their children, and the
-// Secrets they reference.
+// conflictWith describes an object that holds a child's name.
+func conflictWith(kind string, live *metav1.ObjectMeta) *status.Conflict {
+	c := &status.Conflict{Kind: kind, Namespace: live.Namespace, Name: live.Name}
+	if ref := metav1.GetControllerOfNoCopy(live); ref != nil {
+		c.Controller = ref.Kind + " " + ref.Name
+	}
+	return c
+}
+
+// SetupWithManager watches OutboxDrainers, their children, the Secrets they
+// reference and the Prober's results, and runs the Prober.
 func (r *OutboxDrainerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.OutboxDrainer{}, secretNameIndex, func(o client.Object) []string {
 		od := o.(*v1alpha1.OutboxDrainer)
@@ -254,6 +326,9 @@ func (r *OutboxDrainerReconciler) SetupWithManager(ctx context.Context, mgr ctrl
 	})
 	if err != nil {
 		return fmt.Errorf("index OutboxDrainers by Secret: %w", err)
+	}
+	if err := mgr.Add(r.Prober); err != nil {
+		return fmt.Errorf("add the outbox prober: %w", err)
 	}
 	return ctrl.NewControllerManagedBy(mgr).
 		// Only spec changes: the status the reconciler writes must not
@@ -266,12 +341,14 @@ func (r *OutboxDrainerReconciler) SetupWithManager(ctx context.Context, mgr ctrl
 		// Metadata is enough to notice a Secret appear or change, and keeps
 		// every Secret's value out of the operator's memory.
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.drainersUsingSecret), builder.OnlyMetadata).
-		// A slow database delays only its own fleet's reconcile.
+		// Each read of an outbox, done or failed, comes back as an event.
+		WatchesRawSource(r.Prober.Source()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
 		Complete(r)
 }
 
-// drainersUsingSecret maps a Secret to the OutboxDrainers that reference it.
+// drainersUsingSecret maps a Secret to the OutboxDrainers that reference it,
+// and has the Prober read their outboxes again.
 func (r *OutboxDrainerReconciler) drainersUsingSecret(ctx context.Context, secret client.Object) []reconcile.Request {
 	var list v1alpha1.OutboxDrainerList
 	if err := r.List(ctx, &list, client.InNamespace(secret.GetNamespace()), client.MatchingFields{secretNameIndex: secret.GetName()}); err != nil {
@@ -281,6 +358,7 @@ func (r *OutboxDrainerReconciler) drainersUsingSecret(ctx context.Context, secre
 	requests := make([]reconcile.Request, len(list.Items))
 	for i, od := range list.Items {
 		requests[i] = reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&od)}
+		r.Prober.Refresh(requests[i].NamespacedName)
 	}
 	return requests
 }

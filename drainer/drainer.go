@@ -65,6 +65,9 @@ type Drainer struct {
 	// wake cuts an idle wait short: new rows were notified, or the broker's
 	// state changed.
 	wake chan struct{}
+	// rotateBroker asks for a reconnect between batches: the broker URL
+	// file changed.
+	rotateBroker atomic.Bool
 }
 
 // New checks the config and returns a drainer over store.
@@ -113,6 +116,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 	bgCtx, stopBackground := context.WithCancel(ctx)
 	listening := make(chan struct{})
 	background.Go(func() { d.listen(bgCtx, listening) })
+	background.Go(func() { d.followRotations(bgCtx) })
 	// The first claim waits for the LISTEN, so that it finds every row
 	// inserted before the session was up, and no wake-up is needed to catch
 	// up. It waits no longer than a poll: the poll would claim by then.
@@ -277,8 +281,10 @@ func (d *Drainer) claimLoop(ctx context.Context, p *pipeline) {
 	followUp := false
 	for ctx.Err() == nil {
 		if next == nil {
-			if d.broker != nil && !d.broker.healthy() {
-				p.drain() // confirms of a closed channel resolve at once
+			if d.broker != nil && (!d.broker.healthy() || d.rotateBroker.Load()) {
+				// Confirms of a closed channel resolve at once; those of a
+				// channel about to be replaced come back first.
+				p.drain()
 			}
 			if err := d.connectBroker(ctx); err != nil {
 				return
@@ -302,7 +308,7 @@ func (d *Drainer) claimLoop(ctx context.Context, p *pipeline) {
 		}
 		retry.Reset()
 		full := len(c.rows) == d.cfg.BatchSize
-		if full && !d.cfg.SerialBatches && d.broker.healthy() && !d.broker.blocked() {
+		if full && !d.cfg.SerialBatches && d.broker.healthy() && !d.broker.blocked() && !d.rotateBroker.Load() {
 			next = d.claim(ctx)
 		}
 		if len(c.rows) > 0 {
@@ -365,14 +371,17 @@ func (d *Drainer) claim(ctx context.Context) *pendingClaim {
 // backoff for as long as it takes. Nothing is claimed meanwhile, so rows are
 // not claimed only to be released. It fails only when ctx ends.
 func (d *Drainer) connectBroker(ctx context.Context) error {
-	if d.broker != nil && d.broker.healthy() {
+	rotate := d.rotateBroker.Swap(false)
+	if d.broker != nil && d.broker.healthy() && !rotate {
 		return nil
 	}
 	if d.broker != nil {
 		d.broker.close()
 		d.broker = nil
 		d.current.Store(nil)
-		d.log.Warn("Broker channel closed; reconnecting")
+		if !rotate {
+			d.log.Warn("Broker channel closed; reconnecting")
+		}
 	}
 	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (*brokerChannel, error) {
 		return dialBroker(d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth, d.log, d.poke)

@@ -57,6 +57,32 @@ var _ = Describe("Reading the outbox's status", Label("integration"), func() {
 		Expect(status).To(Equal(OutboxStatus{Backlog: 1, Poisoned: 1}))
 	})
 
+	It("stops counting at its limit and says the numbers are lower bounds, and runs read-only under the probe's limits", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 25)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+
+		exact, err := ReadBoundedOutboxStatus(ctx, pool, store.Table(), maxAttempts, 100)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(exact.Backlog).To(Equal(int64(25)))
+		Expect(exact.Capped).To(BeFalse(), "below the limit the counts are exact")
+
+		tx, err := pool.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+		Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = tx.Rollback(ctx) }()
+		limits := ProbeLimits(1500 * time.Millisecond)
+		_, err = tx.Exec(ctx, limits.SQL, limits.Args...)
+		Expect(err).NotTo(HaveOccurred())
+		var timeout string
+		Expect(tx.QueryRow(ctx, "SHOW statement_timeout").Scan(&timeout)).To(Succeed())
+		Expect(timeout).To(Equal("1500ms"))
+		capped, err := ReadBoundedOutboxStatus(ctx, tx, store.Table(), maxAttempts, 10)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(capped.Backlog).To(Equal(int64(10)), "at least 10")
+		Expect(capped.Capped).To(BeTrue())
+	})
+
 	It("reads the claim index, not the published history", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		seed(ctx, spec.Name, 20_000)

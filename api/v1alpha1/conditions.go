@@ -7,8 +7,8 @@ type ConditionType string
 const (
 	// ConditionReady is True when every desired drainer is ready and the
 	// outbox was read. Otherwise it is False with the first reason that
-	// applies: Paused, ScaledToZero, SecretNotFound, DatabaseUnreachable,
-	// ReplicasNotReady.
+	// applies: ResourceConflict, Paused, ScaledToZero, SecretNotFound,
+	// OutboxNotReadYet, DatabaseUnreachable, ReplicasNotReady.
 	ConditionReady ConditionType = "Ready"
 	// ConditionDatabaseReachable is True when the last read of the outbox
 	// succeeded, and False with the reason it did not: SecretNotFound,
@@ -23,6 +23,18 @@ const (
 	// (ReconcileFailed), the rollout is stuck (ProgressDeadlineExceeded) or
 	// rows are poisoned (PoisonedRows). False is AsExpected.
 	ConditionDegraded ConditionType = "Degraded"
+	// ConditionStalled is True when the fleet cannot make progress without
+	// someone's help: an object of the same name it does not control
+	// (ResourceConflict), a missing Secret (SecretNotFound), a database URL
+	// or table it cannot use (InvalidDatabaseURL, TableNotUsable), or a
+	// stuck rollout (ProgressDeadlineExceeded). kstatus reads it as Failed.
+	ConditionStalled ConditionType = "Stalled"
+	// ConditionReconciling is True while the fleet is on its way to Ready
+	// on its own: rolling out (RollingOut), drainers starting
+	// (ReplicasNotReady), the outbox not read yet (OutboxNotReadYet) or its
+	// database unreachable for now (DatabaseUnreachable). kstatus reads it
+	// as InProgress; with neither it and Stalled True, the fleet is Current.
+	ConditionReconciling ConditionType = "Reconciling"
 )
 
 // Condition reasons.
@@ -44,4 +56,6 @@ const (
 	ReasonReconcileFailed          = "ReconcileFailed"
 	ReasonPoisonedRows             = "PoisonedRows"
 	ReasonAsExpected               = "AsExpected"
+	ReasonResourceConflict         = "ResourceConflict"
+	ReasonOutboxNotReadYet         = "OutboxNotReadYet"
 )

@@ -175,6 +175,35 @@ type PodOverlay struct {
 	// +optional
 	// +listType=atomic
 	Tolerations []corev1.Toleration `json:"tolerations,omitempty"`
+	// +optional
+	Affinity *corev1.Affinity `json:"affinity,omitempty"`
+	// +optional
+	// +listType=atomic
+	TopologySpreadConstraints []corev1.TopologySpreadConstraint `json:"topologySpreadConstraints,omitempty"`
+	// +optional
+	PriorityClassName string `json:"priorityClassName,omitempty"`
+	// ImagePullSecrets for a drainer image in a private registry.
+	// +optional
+	// +listType=atomic
+	ImagePullSecrets []corev1.LocalObjectReference `json:"imagePullSecrets,omitempty"`
+	// Env added to the drainer container, such as PGSSLROOTCERT for a CA
+	// bundle used with sslmode=verify-full.
+	// +optional
+	// +listType=atomic
+	Env []corev1.EnvVar `json:"env,omitempty"`
+	// Volumes added to the pods, such as a CA bundle's ConfigMap.
+	// +optional
+	// +listType=atomic
+	Volumes []corev1.Volume `json:"volumes,omitempty"`
+	// VolumeMounts added to the drainer container.
+	// +optional
+	// +listType=atomic
+	VolumeMounts []corev1.VolumeMount `json:"volumeMounts,omitempty"`
+	// PlatformAssignsUser leaves runAsUser, runAsGroup and fsGroup unset, for
+	// platforms that assign each namespace its own UIDs (OpenShift's
+	// restricted-v2). The pods still run as non-root.
+	// +optional
+	PlatformAssignsUser bool `json:"platformAssignsUser,omitempty"`
 }
 
 // OutboxDrainerSpec declares a fleet of drainers for one outbox table. The
@@ -261,10 +290,19 @@ type OutboxDrainerSpec struct {
 	// +optional
 	StatusInterval metav1.Duration `json:"statusInterval,omitzero"`
 
+	// ServiceAccountName runs the drainers as an existing ServiceAccount, for
+	// cloud IAM database authentication; the operator then creates none.
+	// Unset, the operator creates one named after the fleet, with no API
+	// token mounted.
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	ServiceAccountName string `json:"serviceAccountName,omitempty"`
+
 	// Image overrides the drainer image, by default the operator's own.
 	// +optional
 	Image string `json:"image,omitempty"`
-	// Resources of the drainer container.
+	// Resources of the drainer container. Unset, the drainer requests 100m
+	// CPU and 128Mi of memory, and has no limits.
 	// +optional
 	Resources corev1.ResourceRequirements `json:"resources,omitzero"`
 	// Pod is added to the drainer pods.
@@ -274,7 +312,9 @@ type OutboxDrainerSpec struct {
 
 // OutboxDrainerStatus is the fleet as observed, and the outbox's health.
 type OutboxDrainerStatus struct {
-	// ObservedGeneration is the generation the operator last fully applied.
+	// ObservedGeneration is the generation the operator last acted on, even
+	// when it could not apply it: the Stalled and Reconciling conditions say
+	// how that went (kstatus conventions).
 	// +optional
 	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
 	// Replicas is the number of drainer pods.
@@ -297,7 +337,14 @@ type OutboxDrainerStatus struct {
 	// has no enqueuedAt column.
 	// +optional
 	OldestPendingAge *metav1.Duration `json:"oldestPendingAge,omitempty"`
-	// LastProbeTime is when the outbox was last read.
+	// CountCapped is true when the last read stopped counting at the
+	// operator's limit (--probe-count-limit): backlog, poisoned and
+	// oldestPendingAge are then lower bounds, "at least".
+	// +optional
+	CountCapped bool `json:"countCapped,omitempty"`
+	// LastProbeTime is when the outbox was last read successfully. When a
+	// read fails, backlog, poisoned and oldestPendingAge are removed rather
+	// than shown as current, and this keeps the time of the last good read.
 	// +optional
 	LastProbeTime *metav1.Time `json:"lastProbeTime,omitempty"`
 

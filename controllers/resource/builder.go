@@ -1,24 +1,23 @@
 // Package resource builds the child objects of an OutboxDrainer: one pure
-// builder per object, whose Update is the mutate function of
-// controllerutil.CreateOrUpdate.
+// builder per object, whose Build is the whole of what the operator applies
+// with server-side apply. A field it leaves out is not the operator's, and a
+// field it sets is reverted when someone edits it.
 package resource
 
 import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 )
 
 // ResourceBuilder builds one child object.
 type ResourceBuilder interface {
-	// Build returns the object with only its name and namespace, for
-	// CreateOrUpdate to fetch.
-	Build() client.Object
-	// Update brings a fetched or new object to the desired state, leaving
-	// alone the fields the API server or others own.
-	Update(client.Object) error
+	// Build returns the desired object: every field the operator owns, and
+	// the OutboxDrainer as its controller.
+	Build() (client.Object, error)
 	// Wanted says whether the object should exist at all.
 	Wanted() bool
 }
@@ -34,14 +33,41 @@ type OutboxDrainerResourceBuilder struct {
 
 // ResourceBuilders lists the children in the order they are applied: the
 // ServiceAccount before the pods that run as it, the PodDisruptionBudget
-// after the Deployment it protects.
+// after the Deployment it protects. A fleet that names an existing
+// ServiceAccount gets none of its own.
 func (b *OutboxDrainerResourceBuilder) ResourceBuilders() []ResourceBuilder {
-	return []ResourceBuilder{
-		b.ServiceAccount(),
+	var builders []ResourceBuilder
+	if b.Instance.Spec.ServiceAccountName == "" {
+		builders = append(builders, b.ServiceAccount())
+	}
+	return append(builders,
 		b.MetricsService(),
 		b.Deployment(),
 		b.PodDisruptionBudget(),
+	)
+}
+
+// ManagedByLabel marks every object the operator creates; the operator's
+// cache holds only objects that carry it.
+const (
+	ManagedByLabel = "app.kubernetes.io/managed-by"
+	ManagedBy      = "spillway-operator"
+)
+
+// ServiceAccountName is the ServiceAccount the drainers run as.
+func ServiceAccountName(od *v1alpha1.OutboxDrainer) string {
+	if od.Spec.ServiceAccountName != "" {
+		return od.Spec.ServiceAccountName
 	}
+	return od.Name
+}
+
+// owned sets the OutboxDrainer as obj's controller.
+func (b *OutboxDrainerResourceBuilder) owned(obj client.Object) (client.Object, error) {
+	if err := controllerutil.SetControllerReference(b.Instance, obj, b.Scheme); err != nil {
+		return nil, err
+	}
+	return obj, nil
 }
 
 // DesiredReplicas is the fleet's size: zero while paused.
@@ -70,18 +96,6 @@ func Selector(od *v1alpha1.OutboxDrainer) string {
 // labelsOf are the labels of every child object.
 func labelsOf(od *v1alpha1.OutboxDrainer) map[string]string {
 	l := SelectorLabels(od)
-	l["app.kubernetes.io/managed-by"] = "spillway-operator"
+	l[ManagedByLabel] = ManagedBy
 	return l
-}
-
-// mergeInto sets ours on top of an object's labels or annotations, keeping
-// those that others set.
-func mergeInto(existing, ours map[string]string) map[string]string {
-	if existing == nil {
-		existing = map[string]string{}
-	}
-	for k, v := range ours {
-		existing[k] = v
-	}
-	return existing
 }

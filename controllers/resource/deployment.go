@@ -1,29 +1,22 @@
 package resource
 
 import (
-	"encoding/json"
-	"fmt"
-	"hash/fnv"
 	"maps"
 	"math"
-	"strconv"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 )
 
 const (
-	// SpecHashAnnotation holds the hash of the Deployment spec the operator
-	// last built.
-	SpecHashAnnotation = "spillway.io/spec-hash"
 	// ContainerName is the drainer container's name.
 	ContainerName = "drainer"
 	// shutdownGrace is added to the drainer's shutdown timeout, so the
@@ -33,6 +26,16 @@ const (
 	nonRootID = 65532
 )
 
+// DefaultResources are the drainer's requests when the spec sets none: a
+// scheduler that knows nothing of a pod packs it anywhere, and a namespace
+// with a ResourceQuota refuses it.
+var DefaultResources = corev1.ResourceRequirements{
+	Requests: corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("100m"),
+		corev1.ResourceMemory: resource.MustParse("128Mi"),
+	},
+}
+
 // DeploymentBuilder builds the Deployment of drainers.
 type DeploymentBuilder struct{ *OutboxDrainerResourceBuilder }
 
@@ -41,52 +44,18 @@ func (b *OutboxDrainerResourceBuilder) Deployment() *DeploymentBuilder {
 	return &DeploymentBuilder{b}
 }
 
-// Build returns the Deployment's name and namespace.
-func (b *DeploymentBuilder) Build() client.Object {
-	return &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: b.Instance.Name, Namespace: b.Instance.Namespace}}
+// Build returns the Deployment. The OutboxDrainer, through its scale
+// subresource, owns the replica count: a scale of the Deployment itself is
+// reverted like any other edit.
+func (b *DeploymentBuilder) Build() (client.Object, error) {
+	return b.owned(&appsv1.Deployment{
+		ObjectMeta: metav1.ObjectMeta{Name: b.Instance.Name, Namespace: b.Instance.Namespace, Labels: labelsOf(b.Instance)},
+		Spec:       b.spec(),
+	})
 }
 
 // Wanted is always true: a paused fleet is a Deployment scaled to zero.
 func (b *DeploymentBuilder) Wanted() bool { return true }
-
-// Update rewrites the spec only when what the builder builds has changed.
-// The API server defaults many fields of a pod template, so comparing the
-// live template with a freshly built one would always find a difference and
-// rewrite the Deployment on every reconcile; the hash of the built spec does
-// not.
-func (b *DeploymentBuilder) Update(obj client.Object) error {
-	d, ok := obj.(*appsv1.Deployment)
-	if !ok {
-		return fmt.Errorf("update Deployment: got %T", obj)
-	}
-	desired := b.spec()
-	hash, err := specHash(desired)
-	if err != nil {
-		return err
-	}
-	d.Labels = mergeInto(d.Labels, labelsOf(b.Instance))
-	if d.Annotations[SpecHashAnnotation] != hash {
-		d.Spec = desired
-		d.Annotations = mergeInto(d.Annotations, map[string]string{SpecHashAnnotation: hash})
-	}
-	// The OutboxDrainer, through its scale subresource, owns the replica
-	// count, even when someone scales the Deployment itself.
-	d.Spec.Replicas = ptr.To(DesiredReplicas(b.Instance))
-	return controllerutil.SetControllerReference(b.Instance, d, b.Scheme)
-}
-
-// specHash hashes a Deployment spec without its replica count, which
-// changes without a rollout.
-func specHash(spec appsv1.DeploymentSpec) (string, error) {
-	spec.Replicas = nil
-	data, err := json.Marshal(spec)
-	if err != nil {
-		return "", fmt.Errorf("hash Deployment spec: %w", err)
-	}
-	h := fnv.New64a()
-	_, _ = h.Write(data)
-	return strconv.FormatUint(h.Sum64(), 36), nil
-}
 
 func (b *DeploymentBuilder) spec() appsv1.DeploymentSpec {
 	od := b.Instance
@@ -95,39 +64,45 @@ func (b *DeploymentBuilder) spec() appsv1.DeploymentSpec {
 		image = od.Spec.Image
 	}
 	overlay := od.Spec.Pod
+	// The operator's own labels win over the overlay's.
+	podLabels := maps.Clone(overlay.Labels)
+	if podLabels == nil {
+		podLabels = map[string]string{}
+	}
+	maps.Copy(podLabels, labelsOf(od))
 	return appsv1.DeploymentSpec{
 		Replicas: ptr.To(DesiredReplicas(od)),
 		Selector: &metav1.LabelSelector{MatchLabels: SelectorLabels(od)},
 		Template: corev1.PodTemplateSpec{
 			ObjectMeta: metav1.ObjectMeta{
-				Labels:      mergeInto(maps.Clone(overlay.Labels), labelsOf(od)),
+				Labels:      podLabels,
 				Annotations: maps.Clone(overlay.Annotations),
 			},
 			Spec: corev1.PodSpec{
-				ServiceAccountName:            od.Name,
+				ServiceAccountName: ServiceAccountName(od),
+				// A drainer never talks to the Kubernetes API.
 				AutomountServiceAccountToken:  ptr.To(false),
 				TerminationGracePeriodSeconds: ptr.To(int64(math.Ceil((od.Spec.ShutdownTimeout.Duration + shutdownGrace).Seconds()))),
-				SecurityContext: &corev1.PodSecurityContext{
-					RunAsNonRoot:   ptr.To(true),
-					RunAsUser:      ptr.To(int64(nonRootID)),
-					RunAsGroup:     ptr.To(int64(nonRootID)),
-					FSGroup:        ptr.To(int64(nonRootID)),
-					SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
-				},
-				NodeSelector: maps.Clone(overlay.NodeSelector),
-				Tolerations:  overlay.Tolerations,
+				SecurityContext:               podSecurityContext(overlay.PlatformAssignsUser),
+				NodeSelector:                  maps.Clone(overlay.NodeSelector),
+				Tolerations:                   overlay.Tolerations,
+				Affinity:                      overlay.Affinity,
+				TopologySpreadConstraints:     overlay.TopologySpreadConstraints,
+				PriorityClassName:             overlay.PriorityClassName,
+				ImagePullSecrets:              overlay.ImagePullSecrets,
 				Containers: []corev1.Container{{
 					Name:  ContainerName,
 					Image: image,
 					Args:  DrainArgs(od.Spec),
 					// The drainer ID is the pod name: a restarted container
-					// inherits it and releases its predecessor's claims.
-					Env: []corev1.EnvVar{{
+					// inherits it and releases its predecessor's claims. The
+					// user's variables come after it and cannot replace it.
+					Env: append([]corev1.EnvVar{{
 						Name:      "POD_NAME",
 						ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}},
-					}},
+					}}, withoutEnv(overlay.Env, "POD_NAME")...),
 					Ports:     []corev1.ContainerPort{{Name: MetricsPortName, ContainerPort: MetricsPort, Protocol: corev1.ProtocolTCP}},
-					Resources: od.Spec.Resources,
+					Resources: resources(od.Spec.Resources),
 					// Alive while the process serves; ready once the database
 					// and the broker are connected.
 					LivenessProbe:  httpProbe("/healthz", 10, 3),
@@ -138,18 +113,51 @@ func (b *DeploymentBuilder) spec() appsv1.DeploymentSpec {
 						RunAsNonRoot:             ptr.To(true),
 						Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 					},
-					VolumeMounts: []corev1.VolumeMount{
+					VolumeMounts: append([]corev1.VolumeMount{
 						{Name: "database-url", MountPath: DatabaseURLDir, ReadOnly: true},
 						{Name: "broker-url", MountPath: BrokerURLDir, ReadOnly: true},
-					},
+					}, overlay.VolumeMounts...),
 				}},
-				Volumes: []corev1.Volume{
+				Volumes: append([]corev1.Volume{
 					secretVolume("database-url", od.Spec.Database.URLSecretRef),
 					secretVolume("broker-url", od.Spec.Broker.URLSecretRef),
-				},
+				}, overlay.Volumes...),
 			},
 		},
 	}
+}
+
+// podSecurityContext is the restricted Pod Security Standard. A platform
+// that assigns UIDs (OpenShift's restricted-v2) refuses a pod that names its
+// own, so then the user and groups are left to it.
+func podSecurityContext(platformAssignsUser bool) *corev1.PodSecurityContext {
+	sc := &corev1.PodSecurityContext{
+		RunAsNonRoot:   ptr.To(true),
+		SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+	}
+	if !platformAssignsUser {
+		sc.RunAsUser, sc.RunAsGroup, sc.FSGroup = ptr.To(int64(nonRootID)), ptr.To(int64(nonRootID)), ptr.To(int64(nonRootID))
+	}
+	return sc
+}
+
+// resources are the spec's, or DefaultResources when it sets none.
+func resources(r corev1.ResourceRequirements) corev1.ResourceRequirements {
+	if len(r.Requests) == 0 && len(r.Limits) == 0 && len(r.Claims) == 0 {
+		return *DefaultResources.DeepCopy()
+	}
+	return r
+}
+
+// withoutEnv drops the variables the operator sets itself.
+func withoutEnv(env []corev1.EnvVar, name string) []corev1.EnvVar {
+	var out []corev1.EnvVar
+	for _, e := range env {
+		if e.Name != name {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 func httpProbe(path string, periodSeconds, failureThreshold int32) *corev1.Probe {

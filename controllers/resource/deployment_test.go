@@ -7,6 +7,7 @@ import (
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -14,12 +15,11 @@ import (
 	"github.com/spillway-io/spillway/api/v1alpha1"
 )
 
-// builtDeployment runs Build then Update, as CreateOrUpdate does for a new object.
+// builtDeployment is the Deployment the operator applies.
 func builtDeployment(od *v1alpha1.OutboxDrainer) *appsv1.Deployment {
-	b := builderFor(od).Deployment()
-	d := b.Build().(*appsv1.Deployment)
-	Expect(b.Update(d)).To(Succeed())
-	return d
+	d, err := builderFor(od).Deployment().Build()
+	Expect(err).NotTo(HaveOccurred())
+	return d.(*appsv1.Deployment)
 }
 
 func drainerContainer(d *appsv1.Deployment) corev1.Container {
@@ -174,45 +174,61 @@ var _ = Describe("The drainer Deployment", func() {
 		Expect(metav1.LabelSelectorAsMap(d.Spec.Selector)).To(Equal(SelectorLabels(od)))
 	})
 
-	Describe("updating a live Deployment", func() {
-		It("leaves the spec the API server defaulted alone while the built spec's hash is unchanged", func() {
-			live := builtDeployment(od)
-			hash := live.Annotations[SpecHashAnnotation]
-			Expect(hash).NotTo(BeEmpty())
-			live.Spec.Template.Spec.DNSPolicy = corev1.DNSClusterFirst
-			live.Spec.RevisionHistoryLimit = ptr.To(int32(10))
-			before := live.DeepCopy()
+	It("scales a paused fleet to zero", func() {
+		od.Spec.Replicas = ptr.To(int32(3))
+		od.Spec.Paused = true
+		Expect(builtDeployment(od).Spec.Replicas).To(Equal(ptr.To(int32(0))))
+	})
 
-			Expect(builderFor(od).Deployment().Update(live)).To(Succeed())
-			Expect(live).To(Equal(before))
-		})
+	It("requests resources when the spec sets none, and takes the spec's otherwise", func() {
+		Expect(drainerContainer(builtDeployment(od)).Resources).To(Equal(DefaultResources))
+		od.Spec.Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")}}
+		Expect(drainerContainer(builtDeployment(od)).Resources).To(Equal(od.Spec.Resources))
+	})
 
-		It("rewrites the spec and the hash when a setting changes", func() {
-			live := builtDeployment(od)
-			hash := live.Annotations[SpecHashAnnotation]
-			od.Spec.BatchSize = 500
-			Expect(builderFor(od).Deployment().Update(live)).To(Succeed())
-			Expect(live.Annotations[SpecHashAnnotation]).NotTo(Equal(hash))
-			Expect(drainerContainer(live).Args).To(ContainElement("--batch-size=500"))
-		})
+	It("adds the pod options users expect: pull secrets, scheduling, extra env, volumes and mounts, without displacing its own", func() {
+		od.Spec.Pod = v1alpha1.PodOverlay{
+			ImagePullSecrets:  []corev1.LocalObjectReference{{Name: "registry"}},
+			PriorityClassName: "platform-high",
+			Affinity: &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+				NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{Key: "pool", Operator: corev1.NodeSelectorOpIn, Values: []string{"general"}}}}},
+			}}},
+			TopologySpreadConstraints: []corev1.TopologySpreadConstraint{{MaxSkew: 1, TopologyKey: "topology.kubernetes.io/zone", WhenUnsatisfiable: corev1.ScheduleAnyway}},
+			Env:                       []corev1.EnvVar{{Name: "PGSSLROOTCERT", Value: "/etc/ssl/db/ca.crt"}, {Name: "POD_NAME", Value: "hijack"}},
+			Volumes: []corev1.Volume{{Name: "db-ca", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{
+				LocalObjectReference: corev1.LocalObjectReference{Name: "db-ca"}}}}},
+			VolumeMounts: []corev1.VolumeMount{{Name: "db-ca", MountPath: "/etc/ssl/db", ReadOnly: true}},
+		}
+		d := builtDeployment(od)
+		pod := d.Spec.Template.Spec
+		Expect(pod.ImagePullSecrets).To(Equal(od.Spec.Pod.ImagePullSecrets))
+		Expect(pod.PriorityClassName).To(Equal("platform-high"))
+		Expect(pod.Affinity).To(Equal(od.Spec.Pod.Affinity))
+		Expect(pod.TopologySpreadConstraints).To(Equal(od.Spec.Pod.TopologySpreadConstraints))
+		Expect(pod.Volumes).To(HaveLen(3))
+		Expect(pod.Volumes[2].Name).To(Equal("db-ca"))
+		c := drainerContainer(d)
+		Expect(c.VolumeMounts).To(ContainElement(od.Spec.Pod.VolumeMounts[0]))
+		Expect(c.Env).To(HaveLen(2))
+		Expect(c.Env[0].ValueFrom.FieldRef.FieldPath).To(Equal("metadata.name"), "the drainer ID stays the pod name")
+		Expect(c.Env[1]).To(Equal(od.Spec.Pod.Env[0]))
+	})
 
-		It("scales without a rollout, and takes the replica count back from whoever scaled the Deployment itself", func() {
-			live := builtDeployment(od)
-			hash := live.Annotations[SpecHashAnnotation]
-			od.Spec.Replicas = ptr.To(int32(3))
-			Expect(builderFor(od).Deployment().Update(live)).To(Succeed())
-			Expect(live.Spec.Replicas).To(Equal(ptr.To(int32(3))))
-			Expect(live.Annotations[SpecHashAnnotation]).To(Equal(hash))
+	It("runs as an existing ServiceAccount when the spec names one", func() {
+		od.Spec.ServiceAccountName = "orders-iam"
+		Expect(builtDeployment(od).Spec.Template.Spec.ServiceAccountName).To(Equal("orders-iam"))
+		for _, b := range builderFor(od).ResourceBuilders() {
+			_, isServiceAccount := b.(*ServiceAccountBuilder)
+			Expect(isServiceAccount).To(BeFalse(), "no ServiceAccount of its own")
+		}
+	})
 
-			live.Spec.Replicas = ptr.To(int32(9))
-			Expect(builderFor(od).Deployment().Update(live)).To(Succeed())
-			Expect(live.Spec.Replicas).To(Equal(ptr.To(int32(3))))
-		})
-
-		It("scales a paused fleet to zero", func() {
-			od.Spec.Replicas = ptr.To(int32(3))
-			od.Spec.Paused = true
-			Expect(builtDeployment(od).Spec.Replicas).To(Equal(ptr.To(int32(0))))
-		})
+	It("leaves the user and groups to a platform that assigns them, and still runs as non-root", func() {
+		od.Spec.Pod.PlatformAssignsUser = true
+		sc := builtDeployment(od).Spec.Template.Spec.SecurityContext
+		Expect(sc.RunAsUser).To(BeNil())
+		Expect(sc.RunAsGroup).To(BeNil())
+		Expect(sc.FSGroup).To(BeNil())
+		Expect(sc.RunAsNonRoot).To(Equal(ptr.To(true)))
 	})
 })

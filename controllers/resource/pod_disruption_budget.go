@@ -1,14 +1,11 @@
 package resource
 
 import (
-	"fmt"
-
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 )
 
 // PodDisruptionBudgetBuilder builds the budget that keeps a voluntary
@@ -20,23 +17,22 @@ func (b *OutboxDrainerResourceBuilder) PodDisruptionBudget() *PodDisruptionBudge
 	return &PodDisruptionBudgetBuilder{b}
 }
 
-// Build returns the PodDisruptionBudget's name and namespace.
-func (b *PodDisruptionBudgetBuilder) Build() client.Object {
-	return &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: b.Instance.Name, Namespace: b.Instance.Namespace}}
+// Build returns the budget: one drainer down at a time. Unhealthy drainers
+// may always be evicted: they are unready exactly when the database or the
+// broker is down, and with the default IfHealthyBudget policy an outage
+// would then block every node drain.
+func (b *PodDisruptionBudgetBuilder) Build() (client.Object, error) {
+	return b.owned(&policyv1.PodDisruptionBudget{
+		ObjectMeta: metav1.ObjectMeta{Name: b.Instance.Name, Namespace: b.Instance.Namespace, Labels: labelsOf(b.Instance)},
+		Spec: policyv1.PodDisruptionBudgetSpec{
+			MaxUnavailable:             ptr.To(intstr.FromInt32(1)),
+			Selector:                   &metav1.LabelSelector{MatchLabels: SelectorLabels(b.Instance)},
+			UnhealthyPodEvictionPolicy: ptr.To(policyv1.AlwaysAllow),
+		},
+	})
 }
 
-// Update sets the budget, one drainer down at a time, and the owner.
-func (b *PodDisruptionBudgetBuilder) Update(obj client.Object) error {
-	pdb, ok := obj.(*policyv1.PodDisruptionBudget)
-	if !ok {
-		return fmt.Errorf("update PodDisruptionBudget: got %T", obj)
-	}
-	pdb.Labels = mergeInto(pdb.Labels, labelsOf(b.Instance))
-	pdb.Spec.MaxUnavailable = ptr.To(intstr.FromInt32(1))
-	pdb.Spec.Selector = &metav1.LabelSelector{MatchLabels: SelectorLabels(b.Instance)}
-	return controllerutil.SetControllerReference(b.Instance, pdb, b.Scheme)
-}
-
-// Wanted is true for a fleet of more than one drainer: a budget on a single
-// replica would block every node drain.
+// Wanted is true for a fleet of more than one drainer. With one, a budget
+// of one unavailable pod would let a drain take the only drainer anyway,
+// so it would only add an object; with none there is nothing to protect.
 func (b *PodDisruptionBudgetBuilder) Wanted() bool { return DesiredReplicas(b.Instance) > 1 }

@@ -15,6 +15,7 @@ import (
 )
 
 // Probe is what one read of the referenced Secrets and the outbox found.
+// Its zero value is a read that has not happened yet.
 type Probe struct {
 	// Reason is ReasonOutboxRead, or why the outbox could not be read.
 	Reason string
@@ -27,6 +28,23 @@ type Probe struct {
 	Outbox *drainer.OutboxStatus
 }
 
+// Conflict is a child object's name taken by an object that the
+// OutboxDrainer does not control: the operator leaves it alone.
+type Conflict struct {
+	Kind, Namespace, Name string
+	// Controller describes the object's controller, or is empty.
+	Controller string
+}
+
+func (c *Conflict) Error() string {
+	owner := "no controller"
+	if c.Controller != "" {
+		owner = "controller " + c.Controller
+	}
+	return fmt.Sprintf("%s %s/%s already exists and is not controlled by this OutboxDrainer (%s); "+
+		"the operator leaves it alone: rename the OutboxDrainer or remove the object", c.Kind, c.Namespace, c.Name, owner)
+}
+
 // Fleet is the drainers' Deployment as the reconcile left it.
 type Fleet struct {
 	Generation      int64
@@ -34,6 +52,9 @@ type Fleet struct {
 	DesiredReplicas int32
 	// Deployment is nil when it could not be applied.
 	Deployment *appsv1.Deployment
+	// Conflict is the first child object whose name another object holds;
+	// nothing after it was applied.
+	Conflict *Conflict
 	// ApplyError is the first child object that could not be applied.
 	ApplyError error
 }
@@ -61,12 +82,16 @@ func Ready(f Fleet, missingSecrets []string, database metav1.Condition) metav1.C
 		ready = f.Deployment.Status.ReadyReplicas
 	}
 	switch {
+	case f.Conflict != nil:
+		return notReady(v1alpha1.ReasonResourceConflict, f.Conflict.Error())
 	case f.Paused:
 		return notReady(v1alpha1.ReasonPaused, "The fleet is paused and scaled to zero; the outbox is not drained")
 	case f.DesiredReplicas == 0:
 		return notReady(v1alpha1.ReasonScaledToZero, "The fleet has zero replicas; the outbox is not drained")
 	case len(missingSecrets) > 0:
 		return notReady(v1alpha1.ReasonSecretNotFound, strings.Join(missingSecrets, "; "))
+	case database.Type == "":
+		return notReady(v1alpha1.ReasonOutboxNotReadYet, "The outbox has not been read yet")
 	case database.Status != metav1.ConditionTrue:
 		return notReady(v1alpha1.ReasonDatabaseUnreachable, database.Message)
 	case ready < f.DesiredReplicas:
@@ -102,6 +127,9 @@ func Degraded(f Fleet, poisoned int64) metav1.Condition {
 	degraded := func(reason, message string) metav1.Condition {
 		return condition(v1alpha1.ConditionDegraded, metav1.ConditionTrue, f.Generation, reason, message)
 	}
+	if f.Conflict != nil {
+		return degraded(v1alpha1.ReasonResourceConflict, f.Conflict.Error())
+	}
 	if f.ApplyError != nil {
 		return degraded(v1alpha1.ReasonReconcileFailed, f.ApplyError.Error())
 	}
@@ -115,6 +143,42 @@ func Degraded(f Fleet, poisoned int64) metav1.Condition {
 			fmt.Sprintf("%d rows reached maxAttempts and are not retried until they are replayed", poisoned))
 	}
 	return condition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, f.Generation, v1alpha1.ReasonAsExpected, "")
+}
+
+// stalledReasons need someone's help: the operator retries, but they do
+// not go away on their own.
+var stalledReasons = map[string]bool{
+	v1alpha1.ReasonResourceConflict:         true,
+	v1alpha1.ReasonSecretNotFound:           true,
+	v1alpha1.ReasonInvalidDatabaseURL:       true,
+	v1alpha1.ReasonTableNotUsable:           true,
+	v1alpha1.ReasonProgressDeadlineExceeded: true,
+}
+
+// Stalled follows kstatus: True when the fleet cannot reach Ready without
+// someone's help. ready and database are the conditions computed for this
+// reconcile; progressing says whether the rollout gave up.
+func Stalled(generation int64, ready, database, progressing metav1.Condition) metav1.Condition {
+	for _, c := range []metav1.Condition{ready, database, progressing} {
+		if c.Status != metav1.ConditionTrue && stalledReasons[c.Reason] {
+			return condition(v1alpha1.ConditionStalled, metav1.ConditionTrue, generation, c.Reason, c.Message)
+		}
+	}
+	return condition(v1alpha1.ConditionStalled, metav1.ConditionFalse, generation, v1alpha1.ReasonAsExpected, "")
+}
+
+// Reconciling follows kstatus: True while the fleet is on its way to Ready
+// on its own, and never together with Stalled. A paused or scaled-to-zero
+// fleet is as asked, so it is not reconciling.
+func Reconciling(generation int64, ready, progressing, stalled metav1.Condition) metav1.Condition {
+	switch {
+	case stalled.Status == metav1.ConditionTrue:
+	case progressing.Status == metav1.ConditionTrue:
+		return condition(v1alpha1.ConditionReconciling, metav1.ConditionTrue, generation, progressing.Reason, progressing.Message)
+	case ready.Status != metav1.ConditionTrue && ready.Reason != v1alpha1.ReasonPaused && ready.Reason != v1alpha1.ReasonScaledToZero:
+		return condition(v1alpha1.ConditionReconciling, metav1.ConditionTrue, generation, ready.Reason, ready.Message)
+	}
+	return condition(v1alpha1.ConditionReconciling, metav1.ConditionFalse, generation, v1alpha1.ReasonAsExpected, "")
 }
 
 // deploymentTimedOut is the reason the Deployment controller gives when a
@@ -136,6 +200,7 @@ func stuck(d *appsv1.Deployment) *appsv1.DeploymentCondition {
 // warningReasons are the reasons worth a Warning event when a condition
 // takes one of them.
 var warningReasons = map[string]bool{
+	v1alpha1.ReasonResourceConflict:         true,
 	v1alpha1.ReasonSecretNotFound:           true,
 	v1alpha1.ReasonInvalidDatabaseURL:       true,
 	v1alpha1.ReasonConnectionFailed:         true,
@@ -145,19 +210,31 @@ var warningReasons = map[string]bool{
 	v1alpha1.ReasonPoisonedRows:             true,
 }
 
+// warningOrder is the order in which conditions are considered for a
+// warning: the most specific first, so that a missing Secret's event is
+// DatabaseReachable's, which names the Secret the outbox needs.
+var warningOrder = []v1alpha1.ConditionType{
+	v1alpha1.ConditionDatabaseReachable, v1alpha1.ConditionReady, v1alpha1.ConditionDegraded,
+	v1alpha1.ConditionProgressing, v1alpha1.ConditionStalled, v1alpha1.ConditionReconciling,
+}
+
 // Warnings are the conditions that have just taken a warning reason, one
 // per reason: a missing Secret makes both Ready and DatabaseReachable
 // False, and is one event.
 func Warnings(before, after []metav1.Condition) []metav1.Condition {
 	seen := map[string]bool{}
 	var out []metav1.Condition
-	for _, c := range after {
+	for _, t := range warningOrder {
+		c := meta.FindStatusCondition(after, string(t))
+		if c == nil {
+			continue
+		}
 		if !warningReasons[c.Reason] || seen[c.Reason] {
 			continue
 		}
 		seen[c.Reason] = true
 		if prev := meta.FindStatusCondition(before, c.Type); prev == nil || prev.Reason != c.Reason {
-			out = append(out, c)
+			out = append(out, *c)
 		}
 	}
 	return out

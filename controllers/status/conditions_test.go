@@ -70,17 +70,32 @@ var _ = Describe("Conditions", func() {
 		})
 
 		It("says a Secret is missing before it says the database is unreachable", func() {
-			unreachable := metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonSecretNotFound, Message: `Secret "db" (database URL) was not found`}
+			unreachable := metav1.Condition{Type: "DatabaseReachable", Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonSecretNotFound, Message: `Secret "db" (database URL) was not found`}
 			c := Ready(fleet(3), []string{`Secret "db" (database URL) was not found`, `Secret "mq" (broker URL) has no key "url"`}, unreachable)
 			Expect(c.Reason).To(Equal("SecretNotFound"))
 			Expect(c.Message).To(Equal(`Secret "db" (database URL) was not found; Secret "mq" (broker URL) has no key "url"`))
 		})
 
 		It("carries the database's message when the outbox cannot be read", func() {
-			unreachable := metav1.Condition{Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonTableNotUsable, Message: "table public.outbox does not exist"}
+			unreachable := metav1.Condition{Type: "DatabaseReachable", Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonTableNotUsable, Message: "table public.outbox does not exist"}
 			Expect(Ready(fleet(3), nil, unreachable)).To(And(
 				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "DatabaseUnreachable"),
 				HaveField("Message", "table public.outbox does not exist")))
+		})
+
+		It("says the outbox has not been read yet before the first read", func() {
+			Expect(Ready(fleet(3), nil, metav1.Condition{})).To(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "OutboxNotReadYet")))
+		})
+
+		It("says first that another object holds a child's name, naming it", func() {
+			f := fleet(3)
+			f.Paused = true
+			f.Conflict = &Conflict{Kind: "ServiceAccount", Namespace: "shop", Name: "orders"}
+			c := Ready(f, nil, reachable)
+			Expect(c.Reason).To(Equal("ResourceConflict"))
+			Expect(c.Message).To(HavePrefix("ServiceAccount shop/orders already exists and is not controlled by this OutboxDrainer (no controller)"))
+			Expect(Degraded(f, 0).Reason).To(Equal("ResourceConflict"))
 		})
 
 		It("is False for a paused or empty fleet, whatever else is true", func() {
@@ -88,6 +103,48 @@ var _ = Describe("Conditions", func() {
 			f.Paused = true
 			Expect(Ready(f, []string{"missing"}, reachable).Reason).To(Equal("Paused"))
 			Expect(Ready(fleet(0), nil, reachable).Reason).To(Equal("ScaledToZero"))
+		})
+	})
+
+	Describe("Stalled and Reconciling, for kstatus", func() {
+		notReady := func(reason string) metav1.Condition {
+			return metav1.Condition{Type: "Ready", Status: metav1.ConditionFalse, Reason: reason}
+		}
+		done := metav1.Condition{Type: "Progressing", Status: metav1.ConditionFalse, Reason: "RolloutComplete"}
+		ready := metav1.Condition{Type: "Ready", Status: metav1.ConditionTrue, Reason: "AllReplicasReady"}
+
+		DescribeTable("is Stalled, never Reconciling, when the fleet needs someone's help",
+			func(ready, database, progressing metav1.Condition, reason string) {
+				stalled := Stalled(7, ready, database, progressing)
+				Expect(stalled).To(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", reason), HaveField("ObservedGeneration", int64(7))))
+				Expect(Reconciling(7, ready, progressing, stalled).Status).To(Equal(metav1.ConditionFalse))
+			},
+			Entry("another object holds a child's name", notReady("ResourceConflict"), reachable, done, "ResourceConflict"),
+			Entry("a Secret is missing", notReady("SecretNotFound"), reachable, done, "SecretNotFound"),
+			Entry("the table does not fit the mapping", notReady("DatabaseUnreachable"),
+				metav1.Condition{Type: "DatabaseReachable", Status: metav1.ConditionFalse, Reason: "TableNotUsable"}, done, "TableNotUsable"),
+			Entry("the rollout gave up", notReady("ReplicasNotReady"), reachable,
+				metav1.Condition{Type: "Progressing", Status: metav1.ConditionFalse, Reason: "ProgressDeadlineExceeded"}, "ProgressDeadlineExceeded"),
+		)
+
+		DescribeTable("is Reconciling while the fleet gets there on its own",
+			func(ready, database, progressing metav1.Condition, reason string) {
+				stalled := Stalled(7, ready, database, progressing)
+				Expect(stalled.Status).To(Equal(metav1.ConditionFalse))
+				Expect(Reconciling(7, ready, progressing, stalled)).To(And(HaveField("Status", metav1.ConditionTrue), HaveField("Reason", reason)))
+			},
+			Entry("rolling out", notReady("ReplicasNotReady"), reachable, metav1.Condition{Type: "Progressing", Status: metav1.ConditionTrue, Reason: "RollingOut"}, "RollingOut"),
+			Entry("drainers starting", notReady("ReplicasNotReady"), reachable, done, "ReplicasNotReady"),
+			Entry("the database is down for now", notReady("DatabaseUnreachable"),
+				metav1.Condition{Type: "DatabaseReachable", Status: metav1.ConditionFalse, Reason: "ConnectionFailed"}, done, "DatabaseUnreachable"),
+		)
+
+		It("is neither when the fleet is ready, paused or scaled to zero, as asked", func() {
+			for _, r := range []metav1.Condition{ready, notReady("Paused"), notReady("ScaledToZero")} {
+				stalled := Stalled(7, r, reachable, done)
+				Expect(stalled.Status).To(Equal(metav1.ConditionFalse))
+				Expect(Reconciling(7, r, done, stalled).Status).To(Equal(metav1.ConditionFalse))
+			}
 		})
 	})
 

@@ -1,6 +1,7 @@
 package packaging
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
@@ -98,6 +99,10 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 			"--health-probe-addr=:8081",
 			"--leader-elect=true",
 			"--leader-election-namespace=spillway-system",
+			"--log-level=info",
+			"--probe-concurrency=8",
+			"--probe-timeout=10s",
+			"--probe-count-limit=1000000",
 		}))
 		Expect(c.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
 		Expect(c.LivenessProbe.HTTPGet.Path).To(Equal("/healthz"))
@@ -119,7 +124,28 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 		Expect(unset).To(BeEmpty(), "values that ci/all-values.yaml does not set")
 
 		objs := mustRender("--values", allValues)
-		Expect(kinds(objs)).To(ContainElements("ServiceMonitor/spillway-operator", "ServiceMonitor/spillway-operator-drainers"))
+		Expect(kinds(objs)).To(ContainElements("ServiceMonitor/spillway-operator", "ServiceMonitor/spillway-operator-drainers",
+			"PrometheusRule/spillway-operator", "ConfigMap/spillway-operator-dashboard",
+			"Role/spillway-operator", "RoleBinding/spillway-operator",
+			"ClusterRole/spillway-operator-metrics-auth", "ClusterRoleBinding/spillway-operator-metrics-auth",
+			"ClusterRole/spillway-operator-metrics-reader", "ClusterRoleBinding/spillway-operator-metrics-reader"))
+		Expect(kinds(objs)).NotTo(ContainElement("ClusterRole/spillway-operator"), "watchNamespaces: Roles, no ClusterRole")
+		var roleNamespaces []string
+		for _, o := range objs {
+			if o.GetKind() == "Role" && o.GetName() == "spillway-operator" {
+				roleNamespaces = append(roleNamespaces, o.GetNamespace())
+			}
+		}
+		Expect(roleNamespaces).To(ConsistOf("shop", "payments"))
+		monitor := find(objs, "ServiceMonitor", "spillway-operator")
+		endpoint, _, _ := unstructured.NestedSlice(monitor.Object, "spec", "endpoints")
+		Expect(endpoint[0]).To(And(HaveKeyWithValue("scheme", "https"),
+			HaveKeyWithValue("bearerTokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token")))
+		dashboard := object[corev1.ConfigMap](objs, "ConfigMap", "spillway-operator-dashboard")
+		Expect(dashboard.Labels).To(HaveKeyWithValue("grafana_dashboard", "1"))
+		var board map[string]any
+		Expect(json.Unmarshal([]byte(dashboard.Data["spillway-outbox.json"]), &board)).To(Succeed())
+		Expect(board).To(HaveKeyWithValue("uid", "spillway-outbox"))
 		d := object[appsv1.Deployment](objs, "Deployment", "spillway-operator")
 		Expect(d.Spec.Replicas).To(Equal(ptr.To(int32(2))))
 		pod := d.Spec.Template.Spec
@@ -136,7 +162,10 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 		Expect(c.ImagePullPolicy).To(Equal(corev1.PullAlways))
 		Expect(c.Args).To(ContainElements(
 			"--drainer-image=registry.example.com/platform/spillway-drainer:v0.1.0-rc.1",
-			"--metrics-addr=:9090", "--health-probe-addr=:9091"))
+			"--metrics-addr=:9090", "--health-probe-addr=:9091",
+			"--log-level=debug", "--probe-concurrency=4", "--probe-timeout=5s", "--probe-count-limit=250000",
+			"--watch-namespaces=shop,payments", "--metrics-secure", "--metrics-cert-dir=/var/run/secrets/spillway/metrics-tls"))
+		Expect(pod.Volumes).To(ContainElement(HaveField("Secret.SecretName", "spillway-metrics-tls")))
 		Expect(c.Resources.Limits.Cpu().String()).To(Equal("1"))
 		svc := object[corev1.Service](objs, "Service", "spillway-operator-metrics")
 		Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeNodePort))
@@ -173,7 +202,30 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 		Entry("a port out of range", "metrics:\n  port: 80800\n", "at '/metrics/port': maximum"),
 		Entry("a misspelt key", "serviceMonitor:\n  enable: true\n", "at '/serviceMonitor': additional properties 'enable' not allowed"),
 		Entry("two replicas without leader election", "replicaCount: 2\nleaderElection:\n  enabled: false\n", "at '/leaderElection/enabled': value must be true"),
+		Entry("a namespace for a list of them", "watchNamespaces: shop\n", "at '/watchNamespaces': got string, want array"),
+		Entry("an invalid namespace name", "watchNamespaces: [Shop]\n", "at '/watchNamespaces/0'"),
+		Entry("an unknown log level", "logLevel: verbose\n", "at '/logLevel'"),
+		Entry("a probe timeout that is no duration", "probe:\n  timeout: 10\n", "at '/probe/timeout': got number, want string"),
+		Entry("a string for secure metrics", "metrics:\n  secure: \"on\"\n", "at '/metrics/secure': got string, want boolean"),
+		Entry("a misspelt alert setting", "prometheusRule:\n  enable: true\n", "at '/prometheusRule': additional properties 'enable' not allowed"),
+		Entry("a number for the dashboard switch", "grafanaDashboard:\n  enabled: 1\n", "at '/grafanaDashboard/enabled': got number, want boolean"),
 	)
+
+	It("alerts on a growing backlog, an old pending row, poisoned rows and a fleet not ready, as promtool test rules proves", func() {
+		promtool := os.Getenv("PROMTOOL")
+		Expect(promtool).NotTo(BeEmpty(), "PROMTOOL is not set: make test builds promtool into bin/ and sets it")
+		rule := find(mustRender("--set", "prometheusRule.enabled=true"), "PrometheusRule", "spillway")
+		spec, _, _ := unstructured.NestedMap(rule.Object, "spec")
+		rules, err := yaml.Marshal(spec)
+		Expect(err).NotTo(HaveOccurred())
+		dir := GinkgoT().TempDir()
+		Expect(os.WriteFile(filepath.Join(dir, "rules.yaml"), rules, 0o600)).To(Succeed())
+		tests, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "test/packaging/testdata/alerts_test.yaml"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), tests, 0o600)).To(Succeed())
+		Expect(mustRun(promtool, "check", "rules", filepath.Join(dir, "rules.yaml"))).To(ContainSubstring("SUCCESS: 4 rules found"))
+		Expect(mustRun(promtool, "test", "rules", filepath.Join(dir, "alerts_test.yaml"))).To(ContainSubstring("SUCCESS"))
+	})
 
 	It("ships config/crd/bases unchanged in crds/", func() {
 		bases, err := filepath.Glob(filepath.Join(testenv.RepoRoot(), "config/crd/bases/*.yaml"))
@@ -191,14 +243,21 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 		}
 	})
 
-	It("grants the operator exactly the RBAC rules controller-gen generates from the markers", func() {
+	It("grants the operator exactly the RBAC rules controller-gen generates from the markers, cluster-wide or per watched namespace", func() {
 		generated := manifestsFile("config/rbac/role.yaml")
-		objs := mustRender()
-		Expect(normalized(object[rbacv1.ClusterRole](objs, "ClusterRole", "spillway").Rules)).
-			To(Equal(normalized(object[rbacv1.ClusterRole](generated, "ClusterRole", "spillway-operator").Rules)))
-		Expect(normalized(object[rbacv1.Role](objs, "Role", "spillway-leader-election").Rules)).
+		want := normalized(object[rbacv1.ClusterRole](generated, "ClusterRole", "spillway-operator").Rules)
+		objs := mustRender("--set", "metrics.secure=true")
+		Expect(normalized(append(object[rbacv1.ClusterRole](objs, "ClusterRole", "spillway").Rules,
+			object[rbacv1.ClusterRole](objs, "ClusterRole", "spillway-metrics-auth").Rules...))).To(Equal(want),
+			"the operator's rules, and secure metrics' token and access reviews")
+		scoped := mustRender("--set", "watchNamespaces={shop}")
+		Expect(normalized(append(object[rbacv1.Role](scoped, "Role", "spillway").Rules,
+			object[rbacv1.ClusterRole](objs, "ClusterRole", "spillway-metrics-auth").Rules...))).To(Equal(want))
+		Expect(find(scoped, "Role", "spillway").GetNamespace()).To(Equal("shop"))
+		Expect(kinds(mustRender())).NotTo(ContainElement(HavePrefix("ClusterRole/spillway-metrics")), "no token reviews unless metrics are secure")
+		Expect(normalized(object[rbacv1.Role](mustRender(), "Role", "spillway-leader-election").Rules)).
 			To(Equal(normalized(object[rbacv1.Role](generated, "Role", "spillway-operator").Rules)))
-		binding := object[rbacv1.ClusterRoleBinding](objs, "ClusterRoleBinding", "spillway")
+		binding := object[rbacv1.ClusterRoleBinding](mustRender(), "ClusterRoleBinding", "spillway")
 		Expect(binding.Subjects).To(ConsistOf(rbacv1.Subject{Kind: "ServiceAccount", Name: "spillway", Namespace: "spillway-system"}))
 	})
 })

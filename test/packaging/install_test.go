@@ -2,16 +2,22 @@ package packaging
 
 import (
 	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	appsv1 "k8s.io/api/apps/v1"
+	authenticationv1 "k8s.io/api/authentication/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
@@ -160,6 +166,23 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 		Expect(check(served)).To(ContainSubstring("No resources found"))
 	})
 
+	It("upgrades the CRD that helm installed with the README's kubectl apply --server-side step", func(ctx SpecContext) {
+		// An older CRD, as an earlier release of the chart installed it: one
+		// status field fewer.
+		crd := get(ctx, &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "outboxdrainers.spillway.io"}})
+		status := crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"]
+		Expect(status.Properties).To(HaveKey("countCapped"))
+		delete(status.Properties, "countCapped")
+		crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"] = status
+		Expect(k8s.Update(ctx, crd)).To(Succeed())
+
+		out := mustRun("kubectl", "apply", "--server-side", "--force-conflicts", "--field-manager=spillway-crds", "-f", chart+"/crds/")
+		Expect(out).To(ContainSubstring("customresourcedefinition.apiextensions.k8s.io/outboxdrainers.spillway.io serverside-applied"))
+		crd = get(ctx, crd)
+		Expect(crd.Spec.Versions[0].Schema.OpenAPIV3Schema.Properties["status"].Properties).To(HaveKey("countCapped"))
+		Expect(mustRun(helm, "status", release, "--namespace", namespace)).To(ContainSubstring("STATUS: deployed"), "the release is untouched")
+	})
+
 	It("applies config/default in a server-side dry run, with the operator's image as its fleets' image", func() {
 		out := mustRun("kubectl", "apply", "--dry-run=server", "-k", "config/default")
 		Expect(out).To(ContainSubstring("deployment.apps/spillway-operator created (server dry run)"))
@@ -185,5 +208,57 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 			Expect(object[corev1.Secret](objs, "Secret", ref.Name).StringData).To(HaveKey(ref.Key))
 			Expect(out).To(ContainSubstring("secret/" + ref.Name + " created (server dry run)"))
 		}
+	})
+})
+
+var _ = Describe("The chart installed for some namespaces only, with secure metrics", Label("e2e"), func() {
+	It("runs the operator with Roles in the watched namespaces only, and serves /metrics to the ServiceAccount it names", func(ctx SpecContext) {
+		namespace := restrictedNamespace(ctx, testenv.UniqueObjectName("scoped-system"))
+		shop := restrictedNamespace(ctx, testenv.UniqueObjectName("shop"))
+		const release = "scoped"
+		mustRun(helm, "install", release, chart, "--namespace", namespace,
+			"--set", "watchNamespaces={"+shop+"}", "--set", "metrics.secure=true",
+			"--set", "metrics.reader.serviceAccount.name=prometheus", "--set", "metrics.reader.serviceAccount.namespace="+namespace)
+		DeferCleanup(func() { mustRun(helm, "uninstall", release, "--namespace", namespace) })
+		role := get(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Name: release + "-spillway", Namespace: shop}})
+		Expect(role.Rules).NotTo(BeEmpty())
+		err := k8s.Get(ctx, client.ObjectKey{Name: release + "-spillway"}, &rbacv1.ClusterRole{})
+		Expect(apierrors.IsNotFound(err)).To(BeTrue(), "no ClusterRole for the operator's own work: %v", err)
+
+		operatorPod := get(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: release + "-spillway", Namespace: namespace}}).Spec.Template.Spec
+		Expect(operatorPod.Containers[0].Args).To(ContainElements("--watch-namespaces="+shop, "--metrics-secure"))
+		probes, metrics := testenv.FreeAddr(), testenv.FreeAddr()
+		GinkgoT().Setenv("KUBECONFIG", serviceAccountKubeconfig(namespace, operatorPod.ServiceAccountName))
+		manager := testenv.Start(spillway, append(operatorPod.Containers[0].Args, "--health-probe-addr="+probes, "--metrics-addr="+metrics)...)
+		Eventually(func() int { return testenv.Probe(probes, "/readyz") }, 30*time.Second).Should(Equal(200))
+
+		mustRun("kubectl", "apply", "--namespace", shop, "-f", "config/samples/")
+		fleet := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "orders", Namespace: shop}}
+		Eventually(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(fleet), fleet) }, 30*time.Second).Should(Succeed())
+		od := &v1alpha1.OutboxDrainer{ObjectMeta: metav1.ObjectMeta{Name: "orders", Namespace: shop}}
+		Eventually(func() []metav1.Condition { return get(ctx, od).Status.Conditions }, 30*time.Second).
+			Should(ContainElement(HaveField("Type", "DatabaseReachable")), "the Prober read the Secrets with the Role's rights")
+
+		// Prometheus's token: the chart bound its metrics reader to it.
+		prometheus := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "prometheus", Namespace: namespace}}
+		Expect(k8s.Create(ctx, prometheus)).To(Succeed())
+		token := &authenticationv1.TokenRequest{}
+		Expect(k8s.SubResource("token").Create(ctx, prometheus, token)).To(Succeed())
+		scrape := func() string {
+			req, err := http.NewRequest(http.MethodGet, "https://"+metrics+"/metrics", nil)
+			Expect(err).NotTo(HaveOccurred())
+			req.Header.Set("Authorization", "Bearer "+token.Status.Token)
+			resp, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}).Do(req)
+			if err != nil {
+				return err.Error()
+			}
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			return fmt.Sprintf("%d: %s", resp.StatusCode, body)
+		}
+		Eventually(scrape, 30*time.Second).Should(And(HavePrefix("200: "),
+			ContainSubstring(`spillway_outboxdrainer_ready{name="orders",namespace="`+shop+`"}`)),
+			"the token and access reviews ran with the chart's metrics-auth ClusterRole")
+		Expect(string(manager.Err.Contents())).NotTo(ContainSubstring("forbidden"))
 	})
 })

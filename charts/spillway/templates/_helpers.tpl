@@ -56,3 +56,34 @@ app.kubernetes.io/component: test
 {{- define "spillway.drainerImage" -}}
 {{- default (include "spillway.image" .) .Values.drainerImage -}}
 {{- end -}}
+
+{{/*
+What the controller does to OutboxDrainers and their children: a
+ClusterRole's rules, or each watched namespace's Role's.
+*/}}
+{{- define "spillway.operatorRules" -}}
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, list, watch]
+- apiGroups: [""]
+  resources: [serviceaccounts, services]
+  verbs: [create, get, list, patch, watch]
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [create, get, list, patch, watch]
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [create, delete, get, list, patch, watch]
+- apiGroups: [spillway.io]
+  resources: [outboxdrainers]
+  verbs: [get, list, watch]
+- apiGroups: [spillway.io]
+  resources: [outboxdrainers/finalizers]
+  verbs: [update]
+- apiGroups: [spillway.io]
+  resources: [outboxdrainers/status]
+  verbs: [get, update]
+{{- end -}}

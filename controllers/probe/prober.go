@@ -1,0 +1,309 @@
+// Package probe reads each fleet's outbox off the reconcile path. The
+// Prober is a manager runnable: it reads each registered fleet's outbox on
+// its own schedule, with bounded concurrency, and feeds every result back to
+// the reconciler as an event. It is the one place where the operator reads
+// an outbox; every statement it runs is rendered by drainer.Table.
+package probe
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/workqueue"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/source"
+
+	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/controllers/status"
+)
+
+// Target is what to read for one fleet; a change of it is read at once.
+type Target struct {
+	Key        types.NamespacedName
+	Generation int64
+	Database   v1alpha1.DatabaseSpec
+	Broker     v1alpha1.SecretKeyRef
+	// MaxAttempts is the fleet's poison threshold.
+	MaxAttempts int
+	Interval    time.Duration
+}
+
+func (t Target) same(o Target) bool {
+	return t.Key == o.Key && t.Generation == o.Generation && t.Broker == o.Broker && t.MaxAttempts == o.MaxAttempts &&
+		t.Interval == o.Interval && t.Database.URLSecretRef == o.Database.URLSecretRef && t.Database.Table == o.Database.Table &&
+		t.Database.Columns == o.Database.Columns && t.Database.RoutingKey == o.Database.RoutingKey
+}
+
+// Result is one read of a fleet's Secrets and outbox.
+type Result struct {
+	status.Probe
+	// Generation is the fleet's generation the read was made for.
+	Generation int64
+	// Time is when the read finished.
+	Time time.Time
+}
+
+// Options tune the Prober; zero values take the defaults.
+type Options struct {
+	// Concurrency is how many outboxes are read at once (default 8). Fleets
+	// whose last read failed share a quarter of it, at least one, on top, so
+	// that databases that do not answer never hold up those that do.
+	Concurrency int
+	// Timeout bounds one read, connection included, and each statement on
+	// the server (default 10s).
+	Timeout time.Duration
+	// CountLimit is how many pending rows a read counts at most (default
+	// 1,000,000); beyond it the numbers are lower bounds.
+	CountLimit int
+	// MaxBackoff caps the wait before a failing outbox is read again
+	// (default 5m); never less than the fleet's status interval.
+	MaxBackoff time.Duration
+}
+
+func (o Options) withDefaults() Options {
+	if o.Concurrency <= 0 {
+		o.Concurrency = 8
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Second
+	}
+	if o.CountLimit <= 0 {
+		o.CountLimit = 1_000_000
+	}
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = 5 * time.Minute
+	}
+	return o
+}
+
+// entry is one registered fleet.
+type entry struct {
+	target   Target
+	result   *Result
+	failures int
+	// url is the database URL of the last read, whose pool it keeps open.
+	url string
+}
+
+// Prober reads the outboxes of the fleets the reconciler registers.
+type Prober struct {
+	// secrets reads Secrets straight from the API server: the manager
+	// caches only their metadata.
+	secrets client.Reader
+	opts    Options
+	metrics *Metrics
+
+	queue  workqueue.TypedDelayingInterface[types.NamespacedName]
+	events chan event.TypedGenericEvent[client.Object]
+	pools  *pools
+	// healthy and failing are the two lanes' semaphores.
+	healthy, failing chan struct{}
+
+	mu      sync.Mutex
+	entries map[types.NamespacedName]*entry
+}
+
+// New returns a Prober; add it to the manager, and watch its Source.
+func New(secrets client.Reader, metrics *Metrics, opts Options) *Prober {
+	opts = opts.withDefaults()
+	return &Prober{
+		secrets: secrets,
+		opts:    opts,
+		metrics: metrics,
+		queue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[types.NamespacedName]{
+			Name: "outbox-probe",
+		}),
+		events:  make(chan event.TypedGenericEvent[client.Object], 1024),
+		pools:   newPools(opts.Timeout),
+		healthy: make(chan struct{}, opts.Concurrency),
+		failing: make(chan struct{}, max(1, opts.Concurrency/4)),
+		entries: map[types.NamespacedName]*entry{},
+	}
+}
+
+// Source is where the Prober's results come from: one event per read, for
+// the fleet it read.
+func (p *Prober) Source() source.Source {
+	return source.Channel(p.events, &handler.EnqueueRequestForObject{})
+}
+
+// Want registers a fleet, or updates what to read for it, and returns its
+// latest result, nil before the first. A new or changed target is read at
+// once; an unchanged one keeps its schedule.
+func (p *Prober) Want(t Target) *Result {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.entries[t.Key]
+	if !ok {
+		e = &entry{}
+		p.entries[t.Key] = e
+	}
+	if !ok || !e.target.same(t) {
+		e.target = t
+		p.queue.Add(t.Key)
+	}
+	return e.result
+}
+
+// Refresh reads a registered fleet's outbox at once: a Secret it uses
+// changed.
+func (p *Prober) Refresh(key types.NamespacedName) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if _, ok := p.entries[key]; ok {
+		p.queue.Add(key)
+	}
+}
+
+// Forget drops a deleted fleet, its metrics and, when no other fleet uses
+// it, its connection pool.
+func (p *Prober) Forget(key types.NamespacedName) {
+	p.mu.Lock()
+	_, ok := p.entries[key]
+	delete(p.entries, key)
+	p.mu.Unlock()
+	if ok {
+		p.metrics.forget(key)
+		p.sweep()
+	}
+}
+
+// ReportReady publishes a fleet's Ready condition beside its outbox's
+// numbers, so one scrape has both.
+func (p *Prober) ReportReady(key types.NamespacedName, ready bool) {
+	v := 0.0
+	if ready {
+		v = 1
+	}
+	p.metrics.Ready.WithLabelValues(key.Namespace, key.Name).Set(v)
+}
+
+// NeedLeaderElection is true: only the leader reads outboxes.
+func (p *Prober) NeedLeaderElection() bool { return true }
+
+// Start reads outboxes until ctx ends.
+func (p *Prober) Start(ctx context.Context) error {
+	log := ctrl.LoggerFrom(ctx).WithName("outbox-probe")
+	ctx = ctrl.LoggerInto(ctx, log)
+	defer p.pools.closeAll()
+	go func() {
+		<-ctx.Done()
+		p.queue.ShutDown()
+	}()
+	go func() {
+		tick := time.NewTicker(time.Minute)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				p.sweep()
+			}
+		}
+	}()
+	var reads sync.WaitGroup
+	defer reads.Wait()
+	for {
+		key, shutdown := p.queue.Get()
+		if shutdown {
+			return nil
+		}
+		// One goroutine per fleet at most: the queue hands a key out again
+		// only after Done.
+		reads.Go(func() {
+			defer p.queue.Done(key)
+			p.read(ctx, key)
+		})
+	}
+}
+
+// read reads one fleet's outbox in its lane, records the result, schedules
+// the next read and tells the reconciler.
+func (p *Prober) read(ctx context.Context, key types.NamespacedName) {
+	p.mu.Lock()
+	e, ok := p.entries[key]
+	if !ok {
+		p.mu.Unlock()
+		return
+	}
+	t, lane := e.target, p.healthy
+	if e.failures > 0 {
+		lane = p.failing
+	}
+	p.mu.Unlock()
+
+	select {
+	case lane <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	start := time.Now()
+	probe, url, err := p.readOutbox(ctx, t)
+	<-lane
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		// The API server did not answer: no news about the outbox.
+		ctrl.LoggerFrom(ctx).Error(err, "Failed to read the Secrets of an OutboxDrainer", "outboxdrainer", key)
+		p.queue.AddAfter(key, p.backoff(t.Interval, 1))
+		return
+	}
+	elapsed := time.Since(start)
+	result := &Result{Probe: probe, Generation: t.Generation, Time: time.Now()}
+
+	p.mu.Lock()
+	e, ok = p.entries[key]
+	if !ok || e.target.Generation != t.Generation {
+		// Forgotten, or changed meanwhile: the change queued a new read.
+		p.mu.Unlock()
+		return
+	}
+	e.result, e.url = result, url
+	if probe.Outbox != nil {
+		e.failures = 0
+	} else {
+		e.failures++
+	}
+	next := p.backoff(t.Interval, e.failures)
+	p.mu.Unlock()
+
+	p.metrics.record(key, result, elapsed)
+	p.queue.AddAfter(key, next)
+	select {
+	// The event names the fleet; the reconciler reads the result with Want.
+	case p.events <- event.TypedGenericEvent[client.Object]{Object: &v1alpha1.OutboxDrainer{
+		ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name},
+	}}:
+	case <-ctx.Done():
+	}
+}
+
+// backoff is the wait before the next read: the status interval while reads
+// succeed, doubling with each failure up to MaxBackoff. A Secret or spec
+// change is read at once, whatever the wait.
+func (p *Prober) backoff(interval time.Duration, failures int) time.Duration {
+	wait := interval
+	for i := 1; i < failures && wait < p.opts.MaxBackoff; i++ {
+		wait *= 2
+	}
+	return max(interval, min(wait, p.opts.MaxBackoff))
+}
+
+// sweep closes the pools of database URLs that no fleet reads any more.
+func (p *Prober) sweep() {
+	p.mu.Lock()
+	used := map[string]bool{}
+	for _, e := range p.entries {
+		used[e.url] = true
+	}
+	p.mu.Unlock()
+	p.pools.closeUnused(used)
+}

@@ -1,0 +1,120 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/controllers/resource"
+	"github.com/spillway-io/spillway/controllers/status"
+	"github.com/spillway-io/spillway/drainer"
+)
+
+// readOutbox reads the referenced Secrets, then the outbox's health through
+// the same table mapping the drainers use. What it finds, failures included,
+// is the Probe, with the database URL it used; the error is only for the
+// API server failing to answer.
+func (p *Prober) readOutbox(ctx context.Context, t Target) (status.Probe, string, error) {
+	var probe status.Probe
+	databaseURL, missing, err := p.secretValue(ctx, t.Key.Namespace, "database URL", t.Database.URLSecretRef)
+	if err != nil {
+		return probe, "", err
+	}
+	if missing != "" {
+		probe.MissingSecrets = append(probe.MissingSecrets, missing)
+	}
+	_, missing, err = p.secretValue(ctx, t.Key.Namespace, "broker URL", t.Broker)
+	if err != nil {
+		return probe, "", err
+	}
+	if missing != "" {
+		probe.MissingSecrets = append(probe.MissingSecrets, missing)
+	}
+	if databaseURL == "" {
+		probe.Reason, probe.Message = v1alpha1.ReasonSecretNotFound, probe.MissingSecrets[0]
+		return probe, "", nil
+	}
+	probe.Reason, probe.Message, probe.Outbox = p.queryOutbox(ctx, t, databaseURL)
+	return probe, databaseURL, nil
+}
+
+// secretValue reads one key of a Secret. missing describes a Secret or key
+// that does not exist, and what it was for.
+func (p *Prober) secretValue(ctx context.Context, namespace, what string, ref v1alpha1.SecretKeyRef) (value, missing string, err error) {
+	var secret corev1.Secret
+	if err := p.secrets.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, &secret); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", fmt.Sprintf("Secret %q (%s) was not found", ref.Name, what), nil
+		}
+		return "", "", fmt.Errorf("get Secret %s/%s: %w", namespace, ref.Name, err)
+	}
+	v, ok := secret.Data[ref.Key]
+	if !ok || len(v) == 0 {
+		return "", fmt.Sprintf("Secret %q (%s) has no key %q", ref.Name, what, ref.Key), nil
+	}
+	return string(v), "", nil
+}
+
+// queryOutbox reads the outbox's health on a pooled connection, in a
+// read-only transaction whose statements the server stops at the timeout.
+// The messages it returns never include the URL's password.
+func (p *Prober) queryOutbox(ctx context.Context, t Target, url string) (reason, message string, outbox *drainer.OutboxStatus) {
+	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
+	defer cancel()
+	spec, err := resource.TableSpec(t.Database)
+	if err != nil {
+		return v1alpha1.ReasonTableNotUsable, err.Error(), nil
+	}
+	ref := t.Database.URLSecretRef
+	pool, err := p.pools.get(url)
+	if err != nil {
+		// pgx's parse errors can quote the URL, password included.
+		return v1alpha1.ReasonInvalidDatabaseURL, fmt.Sprintf("The database URL in Secret %q, key %q, is not a valid Postgres connection string",
+			ref.Name, ref.Key), nil
+	}
+	redacted := drainer.RedactURL(url)
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return v1alpha1.ReasonConnectionFailed, fmt.Sprintf("Connect to %s: %v", redacted, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout)), nil
+	}
+	defer conn.Release()
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return v1alpha1.ReasonConnectionFailed, fmt.Sprintf("Begin a read-only transaction on %s: %v", redacted, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout)), nil
+	}
+	// Rolled back: it only read.
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	limits := drainer.ProbeLimits(p.opts.Timeout)
+	if _, err := tx.Exec(ctx, limits.SQL, limits.Args...); err != nil {
+		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
+	}
+	columns, err := drainer.Catalog(ctx, tx, spec)
+	if err != nil {
+		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
+	}
+	resolved, err := drainer.ResolveTable(spec, columns)
+	if err != nil {
+		return v1alpha1.ReasonTableNotUsable, err.Error(), nil
+	}
+	o, err := drainer.ReadBoundedOutboxStatus(ctx, tx, resolved, t.MaxAttempts, p.opts.CountLimit)
+	if err != nil {
+		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
+	}
+	return v1alpha1.ReasonOutboxRead, "Read the outbox table " + resolved.Name(), &o
+}
+
+// noAnswer says plainly that the database did not answer in time, where
+// pgx would say "context deadline exceeded".
+func noAnswer(ctx context.Context, err error, timeout time.Duration) error {
+	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+		return fmt.Errorf("no answer within %s", timeout)
+	}
+	return err
+}
