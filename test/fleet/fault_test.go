@@ -65,7 +65,7 @@ func runFault(ctx context.Context, name string, outbox testenv.Outbox, ledger *t
 	f.timeline.Mark("%d events written at once, %d/s flowing", len(burst), faultTraffic)
 	// Inject mid-drain: once the fleet is publishing the burst.
 	before := ledger.Total()
-	Eventually(func() int { return ledger.Total() - before }, time.Minute, 20*time.Millisecond).Should(BeNumerically(">=", faultBurst/10))
+	Eventually(func() (int, error) { return ledger.Total() - before, ledger.Err() }, time.Minute, 20*time.Millisecond).Should(BeNumerically(">=", faultBurst/10))
 
 	inject(ctx, f)
 
@@ -80,7 +80,7 @@ func runFault(ctx context.Context, name string, outbox testenv.Outbox, ledger *t
 
 	all := append(burst, flowed...)
 	f.events = len(all)
-	Eventually(func() int { return ledger.Missing(all) }, time.Minute, 100*time.Millisecond).Should(BeZero(),
+	Eventually(func() (int, error) { return ledger.Missing(all) }, time.Minute, 100*time.Millisecond).Should(BeZero(),
 		"events missing from the queue:\n%s", f.timeline)
 	f.lost, f.dups = ledger.Account(all)
 	f.timeline.Mark("all %d events in the queue: %d lost, %d duplicates", f.events, len(f.lost), f.dups)

@@ -8,7 +8,6 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,9 +22,7 @@ import (
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/test/testenv"
@@ -63,71 +60,18 @@ func splitHostPort(raw string) (string, string, error) {
 	return u.Hostname(), u.Port(), nil
 }
 
-// sampleManifests are config/samples with the URLs of the local Postgres
-// and RabbitMQ in the Secrets, and the suite's table and exchange, read as
-// a status every second.
+// sampleManifests are config/samples against the local services, the
+// suite's table and exchange, with the status read every second.
 func sampleManifests(table, exchange string) string {
-	var docs []string
-	for _, file := range []string{"config/samples/secrets.yaml", "config/samples/spillway_v1alpha1_outboxdrainer.yaml"} {
-		data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), file))
-		Expect(err).NotTo(HaveOccurred())
-		for _, doc := range strings.Split(string(data), "\n---") {
-			obj := &unstructured.Unstructured{}
-			Expect(yaml.Unmarshal([]byte(doc), &obj.Object)).To(Succeed())
-			if len(obj.Object) == 0 {
-				continue
-			}
-			switch obj.GetKind() + "/" + obj.GetName() {
-			case "Secret/orders-db":
-				Expect(unstructured.SetNestedField(obj.Object, testenv.DatabaseURL(), "stringData", "url")).To(Succeed())
-			case "Secret/orders-rabbitmq":
-				Expect(unstructured.SetNestedField(obj.Object, testenv.BrokerURL(), "stringData", "url")).To(Succeed())
-			case "OutboxDrainer/" + fleetName:
-				Expect(unstructured.SetNestedField(obj.Object, table, "spec", "database", "table")).To(Succeed())
-				Expect(unstructured.SetNestedField(obj.Object, exchange, "spec", "broker", "exchange")).To(Succeed())
-				Expect(unstructured.SetNestedField(obj.Object, "1s", "spec", "statusInterval")).To(Succeed())
-			default:
-				Fail("config/samples has an object the suite does not know: " + obj.GetKind() + "/" + obj.GetName())
-			}
-			out, err := yaml.Marshal(obj.Object)
-			Expect(err).NotTo(HaveOccurred())
-			docs = append(docs, string(out))
-		}
-	}
-	return strings.Join(docs, "---\n")
+	manifests, err := testenv.SampleFleet(table, exchange, "1s")
+	Expect(err).NotTo(HaveOccurred())
+	return manifests
 }
 
-// outboxDrainerRow is one row of kubectl get outboxdrainers.
-type outboxDrainerRow map[string]string
-
-// getOutboxDrainers runs kubectl get outboxdrainers and parses its table by
-// the header's column positions (an empty cell has no text).
-func getOutboxDrainers(namespace string) (string, []outboxDrainerRow) {
+// getOutboxDrainers runs kubectl get outboxdrainers, and parses its table.
+func getOutboxDrainers(namespace string) (string, []map[string]string) {
 	out := mustRun("kubectl", "get", "outboxdrainers", "--namespace", namespace)
-	return out, parseTable(out)
-}
-
-func parseTable(out string) []outboxDrainerRow {
-	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
-	header := lines[0]
-	starts := regexp.MustCompile(`\S+`).FindAllStringIndex(header, -1)
-	var rows []outboxDrainerRow
-	for _, line := range lines[1:] {
-		row := outboxDrainerRow{}
-		for i, s := range starts {
-			end := len(line)
-			if i+1 < len(starts) && starts[i+1][0] < end {
-				end = starts[i+1][0]
-			}
-			cell := ""
-			if s[0] < len(line) {
-				cell = strings.TrimSpace(line[s[0]:end])
-			}
-			row[header[s[0]:s[1]]] = cell
-		}
-		rows = append(rows, row)
-	}
-	return rows
+	return out, testenv.ParseTable(out)
 }
 
 // tokenSubject is the subject of the service-account token the node
@@ -216,7 +160,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 		}, 2*time.Minute).Should(Succeed())
 		Expect(operator.Spec.Containers[0].Image).To(Equal(spillwayImage))
 		Expect(operator.Spec.ServiceAccountName).To(Equal(release))
-		Expect(tokenSubject(operator)).To(Equal("system:serviceaccount:" + operatorNamespace + ":" + release),
+		Expect(tokenSubject(operator)).To(Equal("system:serviceaccount:"+operatorNamespace+":"+release),
 			"its only credential is the chart's ServiceAccount's token")
 		Eventually(func() bool { return holdsLease(ctx, operator.Name) }, time.Minute).Should(BeTrue(),
 			"the lease operator.spillway.io is held by the operator pod's manager")
@@ -287,16 +231,16 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 			if b, err := strconv.Atoi(row["BACKLOG"]); err == nil {
 				backlogs = append(backlogs, b)
 			}
+			// The status is read every second: first it shows the events.
+			g.Expect(slices.ContainsFunc(backlogs, func(b int) bool { return b > 0 })).To(BeTrue(), "the status shows the seeded events")
 			g.Expect(row["BACKLOG"]).To(Equal("0"))
 			g.Expect(row["READY"]).To(Equal("True"))
 			g.Expect(row["REPLICAS"]).To(Equal("2"))
 		}, 5*time.Minute, time.Second).Should(Succeed())
 		drained := time.Since(start)
 		AddReportEntry("kubectl get outboxdrainers, every second", strings.Join(table, "\n"))
-		Expect(slices.ContainsFunc(backlogs, func(b int) bool { return b > 0 })).To(BeTrue(),
-			"the status showed the backlog before it was drained: %v", backlogs)
 
-		Eventually(func() int { return ledger.Missing(ids) }, time.Minute).Should(BeZero(), "every event reached the queue")
+		Eventually(func() (int, error) { return ledger.Missing(ids) }, time.Minute).Should(BeZero(), "every event reached the queue")
 		lost, duplicates := ledger.Account(ids)
 		Expect(lost).To(BeEmpty())
 		published, err := outbox.PublishedBy(ctx)

@@ -76,6 +76,7 @@ echo "token namespace $(cat /var/run/secrets/kubernetes.io/serviceaccount/namesp
 test -s /var/run/secrets/kubernetes.io/serviceaccount/token && echo "token present"
 grep -q "BEGIN CERTIFICATE" /var/run/secrets/kubernetes.io/serviceaccount/ca.crt && echo "ca.crt present"
 echo scratch > /scratch/file && echo "emptyDir $(cat /scratch/file)"
+echo tmp > /tmp/file && test "$(ls /tmp)" = file && echo "emptyDir over /tmp"
 touch /etc/spillway-test/secret/x 2>/dev/null || echo "secret volume read-only"
 exit 7`)
 		pod.Spec.SecurityContext = &corev1.PodSecurityContext{
@@ -92,11 +93,14 @@ exit 7`)
 			{Name: "secret", MountPath: "/etc/spillway-test/secret"},
 			{Name: "config", MountPath: "/etc/spillway-test/config"},
 			{Name: "scratch", MountPath: "/scratch"},
+			// Over the host's /tmp, where the node keeps the volumes.
+			{Name: "tmp", MountPath: "/tmp"},
 		}
 		pod.Spec.Volumes = []corev1.Volume{
 			{Name: "secret", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "s", DefaultMode: ptr.To(int32(0o440))}}},
 			{Name: "config", VolumeSource: corev1.VolumeSource{ConfigMap: &corev1.ConfigMapVolumeSource{LocalObjectReference: corev1.LocalObjectReference{Name: "c"}}}},
 			{Name: "scratch", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
+			{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}},
 		}
 		Expect(k8s.Create(ctx, pod)).To(Succeed())
 
@@ -122,6 +126,7 @@ exit 7`)
 		Expect(out).To(ContainSubstring("token present"))
 		Expect(out).To(ContainSubstring("ca.crt present"))
 		Expect(out).To(ContainSubstring("emptyDir scratch"))
+		Expect(out).To(ContainSubstring("emptyDir over /tmp"))
 		Expect(out).To(ContainSubstring("secret volume read-only"))
 		_, err := os.Stat("/etc/spillway-test")
 		Expect(os.IsNotExist(err)).To(BeTrue(), "the mount points are made in the container's own mount namespace, not on the host")

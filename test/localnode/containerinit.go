@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"sort"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -79,7 +80,22 @@ func becomeContainer(raw string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make the mounts private: %w", err)
 	}
-	m := &mounter{scratch: spec.Scratch}
+	// The volumes' sources and the scratch space are on the host, maybe
+	// under a path that a mount hides (an emptyDir at /tmp hides the
+	// host's /tmp): they are opened first and reached through their file
+	// descriptors.
+	scratch, err := openPath(spec.Scratch)
+	if err != nil {
+		return err
+	}
+	for i := range spec.Mounts {
+		if spec.Mounts[i].Source, err = openPath(spec.Mounts[i].Source); err != nil {
+			return err
+		}
+	}
+	// Parents before children: /var before /var/run.
+	sort.SliceStable(spec.Mounts, func(i, j int) bool { return spec.Mounts[i].Target < spec.Mounts[j].Target })
+	m := &mounter{scratch: scratch}
 	for _, mnt := range spec.Mounts {
 		if err := m.bind(mnt); err != nil {
 			return err
@@ -109,8 +125,18 @@ func becomeContainer(raw string) error {
 		return errors.New("the node exited")
 	}
 	syscall.Umask(0o022)
-	err := syscall.Exec(spec.Path, spec.Args, spec.Env)
+	err = syscall.Exec(spec.Path, spec.Args, spec.Env)
 	return fmt.Errorf("exec %s: %w", spec.Path, err)
+}
+
+// openPath opens path for reference only, and returns the path of the
+// descriptor, which leads to it whatever is mounted over it later.
+func openPath(path string) (string, error) {
+	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open %s: %w", path, err)
+	}
+	return fmt.Sprintf("/proc/self/fd/%d", fd), nil
 }
 
 // mounter bind-mounts volumes at their paths. A mount point that does not
@@ -128,7 +154,7 @@ type mounter struct {
 func (m *mounter) bind(mnt mountSpec) error {
 	info, err := os.Stat(mnt.Source)
 	if err != nil {
-		return fmt.Errorf("volume source %s: %w", mnt.Source, err)
+		return fmt.Errorf("volume source of %s: %w", mnt.Target, err)
 	}
 	if err := m.mountPoint(mnt.Target, info.IsDir()); err != nil {
 		return fmt.Errorf("mount point %s: %w", mnt.Target, err)
@@ -198,6 +224,9 @@ func (m *mounter) onShadow(dir string) bool {
 
 // shadow lays a tmpfs over dir that shows dir's entries as before.
 func (m *mounter) shadow(dir string) error {
+	if dir == "/" {
+		return m.shadowRoot()
+	}
 	var st unix.Stat_t
 	if err := unix.Stat(dir, &st); err != nil {
 		return err
@@ -230,6 +259,46 @@ func (m *mounter) shadow(dir string) error {
 		return err
 	}
 	m.shadows = append(m.shadows, shadowed.Dev)
+	return nil
+}
+
+// shadowRoot is shadow for /: a mount over / is not seen by the process,
+// whose root stays where it was, so the new root is built aside, moved
+// over /, and entered, as switch_root does.
+func (m *mounter) shadowRoot() error {
+	root := filepath.Join(m.scratch, "root")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "mode=0755"); err != nil {
+		return fmt.Errorf("tmpfs for a new root: %w", err)
+	}
+	entries, err := os.ReadDir("/")
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := restore(filepath.Join("/", e.Name()), filepath.Join(root, e.Name()), e); err != nil {
+			return fmt.Errorf("show /%s in the new root: %w", e.Name(), err)
+		}
+	}
+	if err := os.Chdir(root); err != nil {
+		return err
+	}
+	if err := unix.Mount(root, "/", "", unix.MS_MOVE, ""); err != nil {
+		return fmt.Errorf("move the new root over /: %w", err)
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("enter the new root: %w", err)
+	}
+	if err := os.Chdir("/"); err != nil {
+		return err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat("/", &st); err != nil {
+		return err
+	}
+	m.shadows = append(m.shadows, st.Dev)
 	return nil
 }
 

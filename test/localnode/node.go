@@ -36,6 +36,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 )
 
@@ -113,6 +114,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		log:     logger,
 	}
 	vklog.L = vklogrus.FromLogrus(logrus.NewEntry(logger))
+	// client-go's informers log through klog, a line per pod status update
+	// in virtual-kubelet's use of them: into the node's log too.
+	klog.LogToStderr(false)
+	klog.SetOutput(cfg.Log)
 	vk, err := nodeutil.NewNode(cfg.Name, func(pc nodeutil.ProviderConfig) (nodeutil.Provider, node.NodeProvider, error) {
 		n.volumeSource = volumeSource{secrets: pc.Secrets, configMaps: pc.ConfigMaps, client: cfg.Client}
 		describe(pc.Node, cfg.Name)
@@ -256,10 +261,19 @@ func (n *Node) Signal(namespace, pod, name string, sig syscall.Signal) error {
 	return fmt.Errorf("container %s of pod %s/%s is not running", name, namespace, pod)
 }
 
-// Stop ends every pod, giving each container grace after SIGTERM, and
-// stops the node. The pods' objects stay in the API server.
+// Stop stops the node, then ends every pod, giving each container grace
+// after SIGTERM. The pods' objects stay in the API server as they were: a
+// node that stops reports nothing more.
 func (n *Node) Stop(grace time.Duration) error {
+	var errs []error
+	n.cancel()
+	select {
+	case <-n.vk.Done():
+	case <-time.After(30 * time.Second):
+		errs = append(errs, errors.New("the node's controllers did not stop"))
+	}
 	n.mu.Lock()
+	n.notify = nil
 	var running []*podRuntime
 	for _, p := range n.pods {
 		running = append(running, p)
@@ -268,19 +282,12 @@ func (n *Node) Stop(grace time.Duration) error {
 	for _, p := range running {
 		p.terminate(grace, false)
 	}
-	var errs []error
 	for _, p := range running {
 		select {
 		case <-p.stopped:
 		case <-time.After(grace + 10*time.Second):
 			errs = append(errs, fmt.Errorf("pod %s/%s did not stop", p.namespace, p.name))
 		}
-	}
-	n.cancel()
-	select {
-	case <-n.vk.Done():
-	case <-time.After(30 * time.Second):
-		errs = append(errs, errors.New("the node's controllers did not stop"))
 	}
 	return errors.Join(errs...)
 }

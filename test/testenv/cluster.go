@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"syscall"
 	"time"
 
@@ -171,12 +172,16 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	if err != nil {
 		return c, err
 	}
+	images, err := installImages(filepath.Join(dir, "images"), opts.Images)
+	if err != nil {
+		return c, err
+	}
 	c.Node, err = localnode.Start(ctx, localnode.Config{
 		Name:      NodeName,
 		Client:    c.Client,
 		APIServer: apiURL.Host,
 		Forward:   forward,
-		Images:    opts.Images,
+		Images:    images,
 		Dir:       filepath.Join(dir, "node"),
 		Log:       nodeLog,
 	})
@@ -217,6 +222,44 @@ func serviceAddrs() ([]string, error) {
 		addrs = append(addrs, net.JoinHostPort(host, port))
 	}
 	return addrs, nil
+}
+
+// installImages copies each image's binary into dir, which every user may
+// read: the pods run as other users than the one who built the binaries,
+// possibly in a directory only that one may enter.
+func installImages(dir string, images map[string]localnode.Image) (map[string]localnode.Image, error) {
+	installed := map[string]localnode.Image{}
+	i := 0
+	for ref, img := range images {
+		i++
+		target := filepath.Join(dir, strconv.Itoa(i), filepath.Base(img.Binary))
+		if err := copyFile(img.Binary, target); err != nil {
+			return nil, fmt.Errorf("install the binary of image %s: %w", ref, err)
+		}
+		img.Binary = target
+		installed[ref] = img
+	}
+	return installed, nil
+}
+
+func copyFile(from, to string) error {
+	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+		return err
+	}
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // startComponent runs a control-plane binary with its output in a log file
@@ -273,13 +316,11 @@ func (c *Cluster) LogFiles() []string {
 	return out
 }
 
-// Stop ends every pod (SIGTERM, SIGKILL after 15 s), the controllers and
-// the API server. The directory stays, with the logs: RemoveDir removes it.
+// Stop tears the cluster down: the controllers first, so that nothing
+// replaces the pods, then every pod (SIGTERM, SIGKILL after 15 s), then the
+// API server. The directory stays, with the logs: RemoveDir removes it.
 func (c *Cluster) Stop() error {
 	var errs []error
-	if c.Node != nil {
-		errs = append(errs, c.Node.Stop(15*time.Second))
-	}
 	for _, cmd := range c.components {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		done := make(chan struct{})
@@ -290,6 +331,9 @@ func (c *Cluster) Stop() error {
 			_ = cmd.Process.Kill()
 			<-done
 		}
+	}
+	if c.Node != nil {
+		errs = append(errs, c.Node.Stop(15*time.Second))
 	}
 	if c.env != nil && c.Config != nil {
 		errs = append(errs, c.env.Stop())

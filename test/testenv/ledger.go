@@ -15,11 +15,13 @@ type Ledger struct {
 	ch  *amqp.Channel
 	tag string
 
-	mu    sync.Mutex
-	seen  map[string]int
-	total int
-	last  time.Time
-	done  chan struct{}
+	mu      sync.Mutex
+	seen    map[string]int
+	total   int
+	last    time.Time
+	stopped bool
+	err     error
+	done    chan struct{}
 }
 
 // StartLedger consumes queue on its own channel of conn, acknowledging each
@@ -39,8 +41,16 @@ func StartLedger(conn *amqp.Connection, queue string) (*Ledger, error) {
 		ch.Close()
 		return nil, fmt.Errorf("consume %s: %w", queue, err)
 	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
 	go func() {
 		defer close(l.done)
+		defer func() {
+			l.mu.Lock()
+			if !l.stopped {
+				l.err = fmt.Errorf("the ledger's consumer of %s stopped: %v", queue, <-closed)
+			}
+			l.mu.Unlock()
+		}()
 		for d := range deliveries {
 			l.mu.Lock()
 			l.seen[d.MessageId]++
@@ -55,6 +65,9 @@ func StartLedger(conn *amqp.Connection, queue string) (*Ledger, error) {
 
 // Stop cancels the consumer.
 func (l *Ledger) Stop() {
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
 	_ = l.ch.Cancel(l.tag, false)
 	<-l.done
 	_ = l.ch.Close()
@@ -76,10 +89,19 @@ func (l *Ledger) Account(ids []string) (lost []string, duplicates int) {
 	return lost, duplicates
 }
 
-// Missing is how many of ids have not arrived yet.
-func (l *Ledger) Missing(ids []string) int {
+// Missing is how many of ids have not arrived yet, or an error if the
+// ledger stopped consuming (its connection was closed): then what is
+// missing may be in the queue.
+func (l *Ledger) Missing(ids []string) (int, error) {
 	lost, _ := l.Account(ids)
-	return len(lost)
+	return len(lost), l.Err()
+}
+
+// Err says why the ledger stopped consuming before Stop.
+func (l *Ledger) Err() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.err
 }
 
 // Total is how many messages arrived in all.
