@@ -17,7 +17,6 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -286,8 +285,11 @@ func allReady(pods []corev1.Pod) bool {
 }
 
 // drain writes the events and prints kubectl get outboxdrainers every tick
-// until the status, which first shows the events, shows a backlog of 0.
+// until the status shows a backlog of 0 from a read of the outbox made
+// after the events were written.
 func (d *demo) drain(ctx context.Context) (time.Duration, error) {
+	// The status's probe time has a second's precision.
+	written := time.Now().Truncate(time.Second).Add(time.Second)
 	if _, err := d.outbox.Insert(ctx, d.o.events); err != nil {
 		return 0, err
 	}
@@ -297,7 +299,6 @@ func (d *demo) drain(ctx context.Context) (time.Duration, error) {
 	defer cancel()
 	ticker := time.NewTicker(d.o.tick)
 	defer ticker.Stop()
-	seen := false
 	for first := true; ; first = false {
 		out, err := d.sh(ctx, false, "", "kubectl", "get", "outboxdrainers", "--namespace", namespace)
 		if err != nil {
@@ -310,10 +311,14 @@ func (d *demo) drain(ctx context.Context) (time.Duration, error) {
 		rows := testenv.ParseTable(out)
 		if len(lines) == 2 && len(rows) == 1 {
 			fmt.Fprintf(d.out, "%6.1fs  %s\n", time.Since(start).Seconds(), lines[1])
-			backlog, err := strconv.Atoi(rows[0]["BACKLOG"])
-			seen = seen || (err == nil && backlog > 0)
-			if seen && err == nil && backlog == 0 {
-				return time.Since(start), nil
+			if rows[0]["BACKLOG"] == "0" {
+				probed, err := d.sh(ctx, false, "", "kubectl", "get", "outboxdrainer", fleet, "--namespace", namespace, "--output=jsonpath={.status.lastProbeTime}")
+				if err != nil {
+					return 0, err
+				}
+				if t, err := time.Parse(time.RFC3339, strings.TrimSpace(probed)); err == nil && !t.Before(written) {
+					return time.Since(start), nil
+				}
 			}
 		}
 		select {

@@ -43,6 +43,8 @@ var (
 	// spillwayImage is the chart's default image, which the node runs as
 	// the spillway binary built for the suite.
 	spillwayImage string
+	// spillwayBinary is the binary built for the suite.
+	spillwayBinary string
 	// failed keeps the cluster's directory, with every log, after the run.
 	failed bool
 )
@@ -52,6 +54,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(helm).NotTo(BeEmpty(), "HELM is not set: make test builds helm into bin/ and sets it")
 
 	bin := buildSpillway()
+	spillwayBinary = bin
 	var chartMeta struct {
 		AppVersion string `json:"appVersion"`
 	}

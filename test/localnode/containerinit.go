@@ -80,12 +80,16 @@ func becomeContainer(raw string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make the mounts private: %w", err)
 	}
-	// The volumes' sources and the scratch space are on the host, maybe
-	// under a path that a mount hides (an emptyDir at /tmp hides the
-	// host's /tmp): they are opened first and reached through their file
-	// descriptors.
+	// The program, the volumes' sources and the scratch space are on the
+	// host, maybe under a path that a mount hides (an emptyDir at /tmp
+	// hides the host's /tmp): they are opened first and reached through
+	// their file descriptors.
 	scratch, err := openPath(spec.Scratch)
 	if err != nil {
+		return err
+	}
+	program := spec.Path
+	if spec.Path, err = openPath(spec.Path); err != nil {
 		return err
 	}
 	for i := range spec.Mounts {
@@ -126,7 +130,7 @@ func becomeContainer(raw string) error {
 	}
 	syscall.Umask(0o022)
 	err = syscall.Exec(spec.Path, spec.Args, spec.Env)
-	return fmt.Errorf("exec %s: %w", spec.Path, err)
+	return fmt.Errorf("exec %s: %w", program, err)
 }
 
 // openPath opens path for reference only, and returns the path of the
