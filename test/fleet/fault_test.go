@@ -2,9 +2,9 @@ package fleet
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os/exec"
+	"regexp"
 	"strings"
 	"time"
 
@@ -180,34 +180,26 @@ type brokerConnection struct {
 // drainerConnections lists the RabbitMQ connections of the given drainer
 // pods, which name each connection spillway-drainer/<pod>.
 func drainerConnections(drainers []string) []brokerConnection {
-	out := mustRabbitmqctl("list_connections", "--quiet", "--formatter", "json", "pid", "user", "client_properties")
-	var rows []struct {
-		PID              string `json:"pid"`
-		User             string `json:"user"`
-		ClientProperties []any  `json:"client_properties"`
-	}
-	Expect(json.Unmarshal([]byte(out), &rows)).To(Succeed(), out)
+	out := mustRabbitmqctl("list_connections", "--quiet", "--no-table-headers", "pid", "user", "client_properties")
 	var conns []brokerConnection
-	for _, r := range rows {
-		name := connectionName(r.ClientProperties)
+	for _, line := range strings.Split(out, "\n") {
+		fields := strings.SplitN(line, "\t", 3)
+		if len(fields) < 3 {
+			continue
+		}
+		name := connectionName.FindStringSubmatch(fields[2])
+		if name == nil {
+			continue
+		}
 		for _, d := range drainers {
-			if name == "spillway-drainer/"+d {
-				conns = append(conns, brokerConnection{pid: r.PID, user: r.User, name: name})
+			if name[1] == "spillway-drainer/"+d {
+				conns = append(conns, brokerConnection{pid: fields[0], user: fields[1], name: name[1]})
 			}
 		}
 	}
 	return conns
 }
 
-// connectionName finds connection_name among the client properties, which
-// rabbitmqctl's JSON lists as [name, type, value] triples.
-func connectionName(props []any) string {
-	for _, p := range props {
-		if t, ok := p.([]any); ok && len(t) == 3 && t[0] == "connection_name" {
-			if s, ok := t[2].(string); ok {
-				return s
-			}
-		}
-	}
-	return ""
-}
+// connectionName finds the client-provided name among the client
+// properties, as rabbitmqctl prints them: {"connection_name","…"}.
+var connectionName = regexp.MustCompile(`\{"connection_name","([^"]*)"\}`)
