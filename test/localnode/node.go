@@ -202,6 +202,7 @@ func (n *Node) terminated(p *podRuntime) {
 			n.logf("pod %s/%s: remove the deleted pod: %v", pod.Namespace, pod.Name, err)
 		}
 	}
+	<-p.synced
 	_ = os.RemoveAll(p.dir)
 	n.mu.Lock()
 	if n.pods[key(pod.Namespace, pod.Name)] == p {

@@ -56,6 +56,7 @@ type podRuntime struct {
 	deadline time.Time
 	nudge    chan struct{} // the deadline moved closer
 	stopped  chan struct{} // every container has stopped
+	synced   chan struct{} // the volumes are no longer written
 	finished bool
 
 	netns *os.File
@@ -87,6 +88,7 @@ func newPodRuntime(n *Node, pod *corev1.Pod) *podRuntime {
 		startTime: metav1.Now(),
 		nudge:     make(chan struct{}, 1),
 		stopped:   make(chan struct{}),
+		synced:    make(chan struct{}),
 	}
 	p.conditions = pod.Status.Conditions
 	for _, c := range pod.Spec.InitContainers {
@@ -146,6 +148,7 @@ func (p *podRuntime) setUp() bool {
 		p.node.logf("pod %s/%s cannot start yet: %v", p.namespace, p.name, err)
 		select {
 		case <-p.ctx.Done():
+			close(p.synced)
 			return false
 		case <-time.After(retryInterval):
 		}
@@ -202,6 +205,7 @@ func (p *podRuntime) setWaitingMessage(msg string) {
 // containers within a second or two, as it does within a minute or so on a
 // kubelet.
 func (p *podRuntime) syncVolumes() {
+	defer close(p.synced)
 	ticker := time.NewTicker(time.Second)
 	defer ticker.Stop()
 	for {
