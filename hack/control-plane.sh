@@ -6,9 +6,6 @@
 # bin/control-plane/<kubernetes version>-etcd<etcd version>/. Prints that
 # directory, the value of KUBEBUILDER_ASSETS. A cached build is reused.
 #
-# With --envtest only etcd and kube-apiserver are made sure of, which is all
-# envtest needs.
-#
 # The Kubernetes minor comes from go.mod's k8s.io/api (v0.X.Y → v1.X), so an
 # upgrade stays one edit. The patch is pinned: it must be a release whose
 # k8s.io/kubernetes module builds, and v0.X.Y of the client libraries says
@@ -17,14 +14,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
-envtest_only=false
-if [ "${1:-}" = "--envtest" ]; then envtest_only=true; fi
-# The cluster's binaries, built together from one throwaway module: they
-# share most of their packages, so one go build compiles them faster than
-# three.
-cluster_binaries="kube-controller-manager kube-scheduler kubectl"
 KUBERNETES_PATCH=${KUBERNETES_PATCH:-2}
 ETCD_VERSION=${ETCD_VERSION:-v3.6.16}
+# The local cluster's binaries besides envtest's, built together: they share
+# most of their packages, so one go build compiles them faster than three.
+cluster_binaries="kube-controller-manager kube-scheduler kubectl"
 
 api_version=$(GOFLAGS=-mod=mod "$GO" list -m -f '{{.Version}}' k8s.io/api)
 minor=$(echo "$api_version" | cut -d. -f2)
@@ -34,7 +28,6 @@ staging_version=v0.${minor}.${KUBERNETES_PATCH}
 dir=$PWD/bin/control-plane/${kubernetes_version}-etcd${ETCD_VERSION}
 complete() {
   [ -x "$dir/kube-apiserver" ] && [ -x "$dir/etcd" ] || return 1
-  $envtest_only && return 0
   for b in $cluster_binaries; do [ -x "$dir/$b" ] || return 1; done
 }
 if complete; then
@@ -46,7 +39,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 export GOWORK=off GOFLAGS=-mod=mod CGO_ENABLED=0
 
-# A throwaway module per binary, so neither's dependencies touch go.mod.
+# Throwaway modules, one for etcd and one for the Kubernetes commands, so that
+# their dependencies never touch go.mod.
 build() { # module dir, main package, output
   (cd "$1" && "$GO" build -v -trimpath -ldflags='-s -w' -o "$3" "$2")
 }
@@ -121,9 +115,7 @@ if [ ! -x "$dir/kube-apiserver" ]; then
 fi
 
 missing=""
-if ! $envtest_only; then
-  for b in $cluster_binaries; do [ -x "$dir/$b" ] || missing="$missing $b"; done
-fi
+for b in $cluster_binaries; do [ -x "$dir/$b" ] || missing="$missing $b"; done
 if [ -n "$missing" ]; then
   echo "control-plane: building$missing $kubernetes_version (about 2 minutes once kube-apiserver's packages are in the build cache)" >&2
   start=$SECONDS
