@@ -45,13 +45,6 @@ var drainerLabels = map[string]string{
 
 var operatorLabels = map[string]string{"app.kubernetes.io/component": "operator"}
 
-// apiPort is the API server's port, which pods reach on their loopback.
-func apiPort() string {
-	u, err := url.Parse(cluster.Config.Host)
-	Expect(err).NotTo(HaveOccurred())
-	return u.Port()
-}
-
 func splitHostPort(raw string) (string, string, error) {
 	u, err := url.Parse(raw)
 	if err != nil {

@@ -109,9 +109,7 @@ func containerEnv(c corev1.Container, pod *corev1.Pod, apiHost string, apiPort i
 		}
 		vars[name] = value
 	}
-	for _, name := range []string{"PATH", "HOSTNAME", "HOME"} {
-		order = append(order, name)
-	}
+	order = append(order, "PATH", "HOSTNAME", "HOME")
 	for _, e := range c.Env {
 		set(e.Name, e.Value)
 	}
