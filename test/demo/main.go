@@ -1,4 +1,4 @@
-// Command demo is make demo: Spillway's main job on the local Postgres and
+// Command demo is make demo-drain: Spillway's main job on the local Postgres and
 // RabbitMQ, no cluster needed. It migrates an outbox with the notify trigger,
 // seeds it, drains it with two spillway drain processes while printing the
 // backlog and the publish rate, stops them with SIGTERM, and removes what it

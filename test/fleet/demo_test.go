@@ -1,0 +1,41 @@
+package fleet
+
+import (
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gexec"
+)
+
+var _ = Describe("make demo", Label("e2e"), func() {
+	It("runs the journey on a cluster of its own: helm install, the sample fleet drained, a scale-up to 3, and tears it all down", func(ctx SpecContext) {
+		demo, err := gexec.Build("github.com/spillway-io/spillway/test/clusterdemo")
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(gexec.CleanupBuildArtifacts)
+		// The binary the suite's own cluster runs.
+		s, err := gexec.Start(exec.Command(demo, "-spillway", spillwayBinary, "-helm", helm, "-events", "5000"), GinkgoWriter, GinkgoWriter)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { s.Interrupt().Wait(time.Minute) })
+		Eventually(s, 5*time.Minute).Should(gexec.Exit(0))
+
+		out := string(s.Out.Contents())
+		Expect(out).To(MatchRegexp(`(?m)^cluster: node local Ready in `))
+		Expect(out).To(ContainSubstring("STATUS: deployed"))
+		Expect(out).To(ContainSubstring("outboxdrainer.spillway.io/orders created"))
+		Expect(out).To(MatchRegexp(`(?m)^\s+[0-9.]+s\s+orders\s+True\s+2\s+0\s`), "the backlog drained")
+		Expect(out).To(MatchRegexp(`(?m)^orders\s+True\s+3\s`), "REPLICAS 3 after the scale-up")
+		Expect(out).To(ContainSubstring("tore down the cluster"))
+		queued := regexp.MustCompile(`the queue holds (\d+) messages`).FindStringSubmatch(out)
+		Expect(queued).To(HaveLen(2), out)
+		Expect(strconv.Atoi(queued[1])).To(BeNumerically(">=", 5000), "at least once: every event reached the queue")
+		dir := regexp.MustCompile(`logs in (/tmp/spillway-cluster\d+)`).FindStringSubmatch(out)
+		Expect(dir).To(HaveLen(2), out)
+		_, err = os.Stat(dir[1])
+		Expect(os.IsNotExist(err)).To(BeTrue(), "the demo removes its cluster's directory")
+	})
+})

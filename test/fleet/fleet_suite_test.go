@@ -1,0 +1,221 @@
+// Package fleet runs Spillway as a user does, on a local cluster whose pods
+// run as processes (testenv.StartCluster): helm install, kubectl apply an
+// OutboxDrainer, drain an outbox, helm test; then the fleet's faults, each
+// with events flowing, each accounted for by message_id.
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/spillway-io/spillway/controllers"
+	"github.com/spillway-io/spillway/test/localnode"
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+func TestFleet(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Fleet Suite")
+}
+
+const chart = "charts/spillway"
+
+var (
+	cluster  *testenv.Cluster
+	services testenv.Services
+	// k8s reads and writes straight to the API server.
+	k8s client.Client
+	// helm is the binary make builds into bin/ at a pinned version.
+	helm string
+	// spillwayImage is the chart's default image, which the node runs as
+	// the spillway binary built for the suite.
+	spillwayImage string
+	// spillwayBinary is the binary built for the suite.
+	spillwayBinary string
+	// failed keeps the cluster's directory, with every log, after the run.
+	failed bool
+)
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	helm = os.Getenv("HELM")
+	Expect(helm).NotTo(BeEmpty(), "HELM is not set: make test builds helm into bin/ and sets it")
+
+	bin := buildSpillway()
+	spillwayBinary = bin
+	var chartMeta struct {
+		AppVersion string `json:"appVersion"`
+	}
+	readYAML(chart+"/Chart.yaml", &chartMeta)
+	var values struct {
+		Image struct {
+			Repository string `json:"repository"`
+		} `json:"image"`
+		Test struct {
+			Image string `json:"image"`
+		} `json:"test"`
+	}
+	readYAML(chart+"/values.yaml", &values)
+	spillwayImage = values.Image.Repository + ":" + chartMeta.AppVersion
+
+	assets, err := testenv.ClusterAssets()
+	Expect(err).NotTo(HaveOccurred())
+	cluster, err = testenv.StartCluster(ctx, testenv.ClusterOptions{
+		Images: map[string]localnode.Image{
+			// The Dockerfile's image: the static binary, as distroless's
+			// nonroot user.
+			spillwayImage: {Binary: bin, User: 65532, Group: 65532},
+			// The helm test hook's image, whose entrypoint is kubectl.
+			values.Test.Image: {Binary: filepath.Join(assets, "kubectl")},
+			// A shell, for the node's own specs.
+			shellImage: {Binary: "/bin/sh"},
+		},
+		Progress: GinkgoWriter,
+	})
+	if cluster != nil {
+		DeferCleanup(func() {
+			Expect(cluster.Stop()).To(Succeed())
+			if !failed {
+				Expect(cluster.RemoveDir()).To(Succeed())
+			} else {
+				fmt.Fprintf(os.Stderr, "fleet: the cluster's logs are kept in %s\n", cluster.Dir)
+			}
+		})
+	}
+	Expect(err).NotTo(HaveOccurred())
+
+	scheme, err := controllers.NewScheme()
+	Expect(err).NotTo(HaveOccurred())
+	k8s, err = client.New(cluster.Config, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
+
+	services, err = testenv.Connect(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(services.Close)
+}, NodeTimeout(15*time.Minute))
+
+// A failed spec names the files of every log: each container's output and
+// the control plane's.
+var _ = JustAfterEach(func() {
+	if CurrentSpecReport().Failed() && cluster != nil {
+		failed = true
+		AddReportEntry("logs", strings.Join(cluster.LogFiles(), "\n"))
+	}
+})
+
+// buildSpillway builds the binary the pods run, into a directory that the
+// pods' user may read.
+func buildSpillway() string {
+	dir, err := os.MkdirTemp("", "spillway-fleet-bin")
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(os.RemoveAll, dir)
+	Expect(os.Chmod(dir, 0o755)).To(Succeed())
+	bin := filepath.Join(dir, "spillway")
+	// Built as the other suites build it (gexec), so it shares their
+	// build cache.
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = testenv.RepoRoot()
+	out, err := cmd.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), string(out))
+	return bin
+}
+
+func readYAML(path string, into any) {
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), path))
+	Expect(err).NotTo(HaveOccurred())
+	Expect(yaml.Unmarshal(data, into)).To(Succeed())
+}
+
+// run runs kubectl ("kubectl" means the cluster's) or helm against the
+// cluster and returns its combined output.
+func run(name string, args ...string) (string, error) {
+	return runWithInput("", name, args...)
+}
+
+func runWithInput(stdin, name string, args ...string) (string, error) {
+	bin := name
+	switch name {
+	case "kubectl":
+		bin = cluster.Kubectl
+	case "helm":
+		bin = helm
+	}
+	cmd := cluster.Command(bin, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	GinkgoWriter.Printf("$ %s %s\n%s\n", name, strings.Join(args, " "), out)
+	return string(out), err
+}
+
+func mustRun(name string, args ...string) string {
+	out, err := run(name, args...)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred(), out)
+	return out
+}
+
+// namespace creates a namespace that enforces the restricted Pod Security
+// Standard, as config/default's does.
+func namespace(ctx context.Context, name string) string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name:   name,
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"},
+	}}
+	Expect(k8s.Create(ctx, ns)).To(Succeed())
+	return name
+}
+
+// pods lists the pods of a namespace that match labels.
+func pods(ctx context.Context, namespace string, labels map[string]string) []corev1.Pod {
+	var list corev1.PodList
+	Expect(k8s.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels(labels))).To(Succeed())
+	return list.Items
+}
+
+// ready says whether a pod is Running and Ready.
+func ready(p corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// readyPods are the names of the Running and Ready pods matching labels.
+func readyPods(ctx context.Context, namespace string, labels map[string]string) []string {
+	var names []string
+	for _, p := range pods(ctx, namespace, labels) {
+		if ready(p) {
+			names = append(names, p.Name)
+		}
+	}
+	return names
+}
+
+// logOf is the output of a pod's container, every run, as the node kept it.
+func logOf(namespace, pod, container string) string {
+	var b strings.Builder
+	for _, l := range cluster.Node.Logs() {
+		if l.Namespace == namespace && l.Pod == pod && l.Container == container {
+			data, err := os.ReadFile(l.Path)
+			Expect(err).NotTo(HaveOccurred())
+			b.Write(data)
+		}
+	}
+	return b.String()
+}

@@ -1,0 +1,610 @@
+package localnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+)
+
+// Restart back-off, as the kubelet's: the first restart at once, then 10 s
+// doubling up to 5 minutes; a run of 10 minutes forgets the failures.
+const (
+	backoffInitial = 10 * time.Second
+	backoffMax     = 5 * time.Minute
+	backoffReset   = 10 * time.Minute
+	// retryInterval paces the retries of a pod that cannot start yet: a
+	// missing Secret, an unknown image.
+	retryInterval = 2 * time.Second
+)
+
+// podRuntime runs one pod: its network namespace and forwarder, its
+// volumes, its init containers in order, then its containers, each
+// restarted by the pod's policy, and their probes.
+type podRuntime struct {
+	node   *Node
+	dir    string // volumes and scratch space, removed with the pod
+	logDir string // the containers' output, kept
+
+	ctx    context.Context // ends when the pod terminates
+	cancel context.CancelFunc
+
+	// What a pod cannot change once created.
+	namespace, name string
+	spec            corev1.PodSpec
+
+	mu           sync.Mutex
+	pod          *corev1.Pod
+	init, app    []*container
+	conditions   []corev1.PodCondition
+	startTime    metav1.Time
+	sandboxReady bool
+	terminating  bool
+	// deleted: the pod is being deleted through the API, and the node
+	// removes it once its containers have stopped, as a kubelet does.
+	deleted  bool
+	deadline time.Time
+	nudge    chan struct{} // the deadline moved closer
+	stopped  chan struct{} // every container has stopped
+	synced   chan struct{} // the volumes are no longer written
+	finished bool
+
+	netns *os.File
+	fwd   *forwarder
+	vols  *volumes
+}
+
+// container is one container of the pod and its current run.
+type container struct {
+	spec     corev1.Container
+	status   corev1.ContainerStatus
+	proc     *process
+	failures int // restarts since the last long run
+	logs     []string
+}
+
+func newPodRuntime(n *Node, pod *corev1.Pod) *podRuntime {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &podRuntime{
+		node:      n,
+		dir:       filepath.Join(n.cfg.Dir, "pods", string(pod.UID)),
+		logDir:    filepath.Join(n.cfg.Dir, "logs", fmt.Sprintf("%s_%s_%s", pod.Namespace, pod.Name, pod.UID)),
+		ctx:       ctx,
+		cancel:    cancel,
+		pod:       pod,
+		namespace: pod.Namespace,
+		name:      pod.Name,
+		spec:      pod.Spec,
+		startTime: metav1.Now(),
+		nudge:     make(chan struct{}, 1),
+		stopped:   make(chan struct{}),
+		synced:    make(chan struct{}),
+	}
+	p.conditions = pod.Status.Conditions
+	for _, c := range pod.Spec.InitContainers {
+		p.init = append(p.init, newContainer(c, reasonPodInitializing))
+	}
+	waiting := reasonContainerCreating
+	if len(p.init) > 0 {
+		waiting = reasonPodInitializing
+	}
+	for _, c := range pod.Spec.Containers {
+		p.app = append(p.app, newContainer(c, waiting))
+	}
+	return p
+}
+
+func newContainer(c corev1.Container, waiting string) *container {
+	return &container{spec: c, status: corev1.ContainerStatus{
+		Name:  c.Name,
+		Image: c.Image,
+		State: corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: waiting}},
+	}}
+}
+
+// run is the pod's life until it terminates or every container has ended
+// for good.
+func (p *podRuntime) run() {
+	defer p.tearDown()
+	if !p.setUp() {
+		return
+	}
+	for _, c := range p.init {
+		if !p.runInit(c) {
+			return
+		}
+	}
+	var wg sync.WaitGroup
+	for _, c := range p.app {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.runApp(c)
+		}()
+	}
+	wg.Wait()
+}
+
+// setUp resolves the images and makes the network namespace and the
+// volumes, retrying until it succeeds or the pod terminates.
+func (p *podRuntime) setUp() bool {
+	for {
+		err := p.trySetUp()
+		if err == nil {
+			p.update(func() { p.sandboxReady = true })
+			go p.syncVolumes()
+			return true
+		}
+		p.node.logf("pod %s/%s cannot start yet: %v", p.namespace, p.name, err)
+		select {
+		case <-p.ctx.Done():
+			close(p.synced)
+			return false
+		case <-time.After(retryInterval):
+		}
+	}
+}
+
+func (p *podRuntime) trySetUp() error {
+	var unknown []string
+	p.update(func() {
+		for _, c := range append(append([]*container{}, p.init...), p.app...) {
+			if _, err := resolveImage(p.node.cfg.Images, c.spec.Image); err != nil {
+				c.status.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reasonErrImagePull, Message: err.Error()}}
+				unknown = append(unknown, c.spec.Image)
+			}
+		}
+	})
+	if len(unknown) > 0 {
+		return fmt.Errorf("%s: cannot pull %s", reasonErrImagePull, strings.Join(unknown, ", "))
+	}
+	if p.vols == nil {
+		p.vols = newVolumes(p.node.volumeSource, filepath.Join(p.dir, "volumes"), p.snapshot())
+	}
+	if err := p.vols.sync(p.ctx); err != nil {
+		p.setWaitingMessage("MountVolume failed: " + err.Error())
+		return err
+	}
+	if p.netns == nil {
+		ns, err := newNetworkNamespace()
+		if err != nil {
+			return err
+		}
+		fwd, err := forward(ns, p.node.forwarded())
+		if err != nil {
+			ns.Close()
+			return err
+		}
+		p.netns, p.fwd = ns, fwd
+	}
+	return nil
+}
+
+// setWaitingMessage explains a ContainerCreating wait.
+func (p *podRuntime) setWaitingMessage(msg string) {
+	p.update(func() {
+		for _, c := range append(append([]*container{}, p.init...), p.app...) {
+			if w := c.status.State.Waiting; w != nil && (w.Reason == reasonContainerCreating || w.Reason == reasonPodInitializing) {
+				w.Message = msg
+			}
+		}
+	})
+}
+
+// syncVolumes keeps the volumes current: a rotated Secret reaches the
+// containers within a second or two, as it does within a minute or so on a
+// kubelet.
+func (p *podRuntime) syncVolumes() {
+	defer close(p.synced)
+	ticker := time.NewTicker(time.Second)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-p.ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		p.mu.Lock()
+		pod := p.pod
+		p.mu.Unlock()
+		p.vols.pod = pod
+		if err := p.vols.sync(p.ctx); err != nil && p.ctx.Err() == nil {
+			p.node.logf("pod %s/%s: sync volumes: %v", pod.Namespace, pod.Name, err)
+		}
+	}
+}
+
+// runInit runs an init container to success; false means the pod stops
+// here (terminated, or failed with restartPolicy Never).
+func (p *podRuntime) runInit(c *container) bool {
+	for {
+		exit := p.runOnce(c, false)
+		if p.ctx.Err() != nil {
+			return false
+		}
+		if exit == 0 {
+			return true
+		}
+		if p.spec.RestartPolicy == corev1.RestartPolicyNever {
+			return false
+		}
+		if !p.backOff(c) {
+			return false
+		}
+	}
+}
+
+// runApp runs a container until the pod terminates or the restart policy
+// lets it rest.
+func (p *podRuntime) runApp(c *container) {
+	for {
+		exit := p.runOnce(c, true)
+		if p.ctx.Err() != nil || !shouldRestart(p.spec.RestartPolicy, exit) {
+			return
+		}
+		if !p.backOff(c) {
+			return
+		}
+	}
+}
+
+// backOff waits before a restart, showing CrashLoopBackOff meanwhile.
+func (p *podRuntime) backOff(c *container) bool {
+	var wait time.Duration
+	p.update(func() {
+		if c.proc != nil && c.proc.finishedAt.Sub(c.proc.startedAt) > backoffReset {
+			c.failures = 0
+		}
+		if c.failures > 0 {
+			wait = min(backoffInitial<<(c.failures-1), backoffMax)
+		}
+		c.failures++
+		c.status.LastTerminationState = c.status.State
+		if wait > 0 {
+			c.status.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{
+				Reason:  reasonCrashLoopBackOff,
+				Message: fmt.Sprintf("back-off %s restarting failed container=%s pod=%s", wait, c.spec.Name, p.name),
+			}}
+		}
+	})
+	select {
+	case <-p.ctx.Done():
+		return false
+	case <-time.After(wait):
+	}
+	p.update(func() { c.status.RestartCount++ })
+	return true
+}
+
+// runOnce starts the container, runs its probes, and waits for it to exit;
+// it returns the exit code.
+func (p *podRuntime) runOnce(c *container, probes bool) int32 {
+	spec, err := p.containerSpec(c)
+	for err != nil {
+		// The kubelet waits, as here, until the configuration can be made:
+		// no restart is counted.
+		p.update(func() {
+			c.status.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reasonCreateConfigError, Message: err.Error()}}
+		})
+		select {
+		case <-p.ctx.Done():
+			return startFailed
+		case <-time.After(retryInterval):
+		}
+		spec, err = p.containerSpec(c)
+	}
+	logPath := filepath.Join(p.logDir, c.spec.Name, strconv.Itoa(int(c.status.RestartCount))+".log")
+	log, err := openLog(logPath)
+	if err != nil {
+		p.node.logf("pod %s/%s: %v", p.namespace, p.name, err)
+		return startFailed
+	}
+	defer log.Close()
+	p.update(func() { c.logs = append(c.logs, logPath) })
+	if p.ctx.Err() != nil {
+		return startFailed
+	}
+	proc, err := startProcess(spec, p.netns, log)
+	now := metav1.Now()
+	if err != nil {
+		p.update(func() {
+			c.status.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+				ExitCode: startFailed, Reason: reasonStartError, Message: err.Error(), StartedAt: now, FinishedAt: now,
+			}}
+		})
+		return startFailed
+	}
+	p.update(func() {
+		c.proc = proc
+		c.status.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
+		c.status.ContainerID = fmt.Sprintf("local://%d", proc.cmd.Process.Pid)
+		c.status.ImageID = "local://" + spec.Path
+		c.status.Started = ptr.To(!probes || c.spec.StartupProbe == nil)
+		c.status.Ready = !probes || c.spec.ReadinessProbe == nil
+	})
+	// A pod that began terminating while this container started.
+	if p.ctx.Err() != nil {
+		proc.signal(syscall.SIGTERM)
+	}
+	probeCtx, stopProbes := context.WithCancel(p.ctx)
+	if probes {
+		go p.probe(probeCtx, c, proc)
+	}
+	<-proc.exited
+	stopProbes()
+	p.update(func() {
+		c.status.Ready = false
+		c.status.Started = ptr.To(false)
+		c.status.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
+			ExitCode:    proc.exitCode,
+			Reason:      terminatedReason(proc.exitCode),
+			StartedAt:   metav1.NewTime(proc.startedAt),
+			FinishedAt:  metav1.NewTime(proc.finishedAt),
+			ContainerID: c.status.ContainerID,
+		}}
+	})
+	return proc.exitCode
+}
+
+// probe runs the startup probe, then the liveness and readiness probes. A
+// failed liveness probe kills the container, which its restart policy then
+// restarts.
+func (p *podRuntime) probe(ctx context.Context, c *container, proc *process) {
+	newProber := func(pr *corev1.Probe) prober {
+		return prober{netns: p.netns, container: c.spec, probe: pr}
+	}
+	if sp := c.spec.StartupProbe; sp != nil {
+		started := make(chan struct{})
+		go newProber(sp).run(ctx, func(ok bool, err error) {
+			if ok {
+				p.update(func() { c.status.Started = ptr.To(true) })
+				close(started)
+				return
+			}
+			p.node.logf("pod %s/%s: container %s failed its startup probe, killing it: %v", p.namespace, p.name, c.spec.Name, err)
+			go proc.stop(p.containerGrace(sp))
+		})
+		select {
+		case <-ctx.Done():
+			return
+		case <-started:
+		}
+	}
+	if rp := c.spec.ReadinessProbe; rp != nil {
+		go newProber(rp).run(ctx, func(ok bool, err error) {
+			if !ok {
+				p.node.logf("pod %s/%s: container %s is not ready: %v", p.namespace, p.name, c.spec.Name, err)
+			}
+			p.update(func() { c.status.Ready = ok })
+		})
+	}
+	if lp := c.spec.LivenessProbe; lp != nil {
+		go newProber(lp).run(ctx, func(ok bool, err error) {
+			if ok {
+				return
+			}
+			p.node.logf("pod %s/%s: container %s failed its liveness probe, restarting it: %v", p.namespace, p.name, c.spec.Name, err)
+			go proc.stop(p.containerGrace(lp))
+		})
+	}
+}
+
+// containerGrace is how long a container killed by its probe may take to
+// stop.
+func (p *podRuntime) containerGrace(pr *corev1.Probe) time.Duration {
+	if pr.TerminationGracePeriodSeconds != nil {
+		return time.Duration(*pr.TerminationGracePeriodSeconds) * time.Second
+	}
+	return time.Duration(ptr.Deref(p.spec.TerminationGracePeriodSeconds, 30)) * time.Second
+}
+
+// containerSpec is how the container init runs a container: its program,
+// environment, user and mounts.
+func (p *podRuntime) containerSpec(c *container) (containerSpec, error) {
+	img, err := resolveImage(p.node.cfg.Images, c.spec.Image)
+	if err != nil {
+		return containerSpec{}, err
+	}
+	p.mu.Lock()
+	pod := p.pod
+	p.mu.Unlock()
+	psc := ptr.Deref(pod.Spec.SecurityContext, corev1.PodSecurityContext{})
+	csc := ptr.Deref(c.spec.SecurityContext, corev1.SecurityContext{})
+	uid := ptr.Deref(csc.RunAsUser, ptr.Deref(psc.RunAsUser, img.User))
+	gid := ptr.Deref(csc.RunAsGroup, ptr.Deref(psc.RunAsGroup, img.Group))
+	if ptr.Deref(csc.RunAsNonRoot, ptr.Deref(psc.RunAsNonRoot, false)) && uid == 0 {
+		return containerSpec{}, errors.New("container has runAsNonRoot and image will run as root")
+	}
+	var groups []int
+	if psc.FSGroup != nil {
+		groups = append(groups, int(*psc.FSGroup))
+	}
+	for _, g := range psc.SupplementalGroups {
+		groups = append(groups, int(g))
+	}
+	env, vars := containerEnv(c.spec, pod, p.node.apiHost, p.node.apiPort)
+	readOnly := map[string]bool{}
+	for _, v := range pod.Spec.Volumes {
+		s := v.VolumeSource
+		readOnly[v.Name] = s.Secret != nil || s.ConfigMap != nil || s.Projected != nil || s.DownwardAPI != nil
+	}
+	var mounts []mountSpec
+	for _, vm := range c.spec.VolumeMounts {
+		if _, ok := readOnly[vm.Name]; !ok {
+			return containerSpec{}, fmt.Errorf("volumeMount %q names no volume of the pod", vm.Name)
+		}
+		mounts = append(mounts, mountSpec{
+			Source:   filepath.Join(p.vols.path(vm.Name), vm.SubPath),
+			Target:   vm.MountPath,
+			ReadOnly: vm.ReadOnly || readOnly[vm.Name],
+		})
+	}
+	scratch := filepath.Join(p.dir, "scratch", c.spec.Name+"-"+strconv.Itoa(int(c.status.RestartCount)))
+	if err := os.MkdirAll(scratch, 0o700); err != nil {
+		return containerSpec{}, err
+	}
+	dir := c.spec.WorkingDir
+	if dir == "" {
+		dir = "/"
+	}
+	hostname := pod.Name
+	if pod.Spec.Hostname != "" {
+		hostname = pod.Spec.Hostname
+	}
+	return containerSpec{
+		Path:      img.Binary,
+		Args:      argv(img, c.spec, vars),
+		Env:       env,
+		Dir:       dir,
+		Hostname:  hostname,
+		UID:       int(uid),
+		GID:       int(gid),
+		Groups:    groups,
+		Mounts:    mounts,
+		Scratch:   scratch,
+		ParentPID: os.Getpid(),
+	}, nil
+}
+
+func openLog(path string) (*os.File, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	return os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+}
+
+// tearDown runs when every container has ended: it closes the pod's
+// network namespace, and finishes the pod's deletion if it is terminating.
+func (p *podRuntime) tearDown() {
+	if p.fwd != nil {
+		_ = p.fwd.close()
+	}
+	if p.netns != nil {
+		_ = p.netns.Close()
+	}
+	p.update(func() { p.finished = true })
+	close(p.stopped)
+}
+
+// terminate stops the pod: SIGTERM to every container, SIGKILL to those
+// still running after grace. Called again with a shorter grace (a second
+// delete), it moves the deadline closer.
+func (p *podRuntime) terminate(grace time.Duration, deleted bool) {
+	deadline := time.Now().Add(grace)
+	p.mu.Lock()
+	p.deleted = p.deleted || deleted
+	if p.terminating {
+		if deadline.Before(p.deadline) {
+			p.deadline = deadline
+			select {
+			case p.nudge <- struct{}{}:
+			default:
+			}
+		}
+		p.mu.Unlock()
+		return
+	}
+	p.terminating, p.deadline = true, deadline
+	p.mu.Unlock()
+	p.cancel()
+	go p.kill()
+}
+
+func (p *podRuntime) kill() {
+	p.signalAll(syscall.SIGTERM)
+	for {
+		p.mu.Lock()
+		wait := time.Until(p.deadline)
+		p.mu.Unlock()
+		select {
+		case <-p.stopped:
+			p.node.terminated(p)
+			return
+		case <-p.nudge:
+		case <-time.After(wait):
+			p.signalAll(syscall.SIGKILL)
+			<-p.stopped
+			p.node.terminated(p)
+			return
+		}
+	}
+}
+
+func (p *podRuntime) signalAll(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range append(append([]*container{}, p.init...), p.app...) {
+		if c.proc != nil && c.proc.running() {
+			c.proc.signal(sig)
+		}
+	}
+}
+
+// update changes the pod's state and tells the pod controller the new
+// status.
+func (p *podRuntime) update(change func()) {
+	p.mu.Lock()
+	change()
+	pod := p.snapshotLocked()
+	p.mu.Unlock()
+	p.node.notifyPod(pod)
+}
+
+// snapshot is the pod with its current status.
+func (p *podRuntime) snapshot() *corev1.Pod {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.snapshotLocked()
+}
+
+func (p *podRuntime) snapshotLocked() *corev1.Pod {
+	pod := p.pod.DeepCopy()
+	var init, app []corev1.ContainerStatus
+	for _, c := range p.init {
+		init = append(init, *c.status.DeepCopy())
+	}
+	for _, c := range p.app {
+		app = append(app, *c.status.DeepCopy())
+	}
+	policy := pod.Spec.RestartPolicy
+	if p.terminating && p.finished {
+		// A pod stopped for deletion ends in a terminal phase.
+		policy = corev1.RestartPolicyNever
+	}
+	phase := podPhase(policy, init, app)
+	p.conditions = podConditions(p.conditions, p.sandboxReady, phase, init, app, metav1.Now())
+	pod.Status = corev1.PodStatus{
+		Phase:                 phase,
+		Conditions:            p.conditions,
+		HostIP:                hostIP,
+		HostIPs:               []corev1.HostIP{{IP: hostIP}},
+		StartTime:             &p.startTime,
+		InitContainerStatuses: init,
+		ContainerStatuses:     app,
+		QOSClass:              pod.Status.QOSClass,
+	}
+	return pod
+}
+
+// logFiles lists the files of every run of every container.
+func (p *podRuntime) logFiles() []ContainerLog {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []ContainerLog
+	for _, c := range append(append([]*container{}, p.init...), p.app...) {
+		for _, path := range c.logs {
+			out = append(out, ContainerLog{Namespace: p.namespace, Pod: p.name, Container: c.spec.Name, Path: path})
+		}
+	}
+	return out
+}

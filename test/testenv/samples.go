@@ -1,0 +1,90 @@
+package testenv
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/yaml"
+)
+
+// SampleFleet is config/samples, the two Secrets and the OutboxDrainer
+// orders, made to run against the local services: the Secrets hold the test
+// Postgres's and RabbitMQ's URLs, and the OutboxDrainer drains table into
+// exchange and reads the outbox's status every statusInterval. Everything
+// else is the sample as a user finds it.
+func SampleFleet(table, exchange, statusInterval string) (string, error) {
+	var docs []string
+	for _, file := range []string{"config/samples/secrets.yaml", "config/samples/spillway_v1alpha1_outboxdrainer.yaml"} {
+		data, err := os.ReadFile(filepath.Join(RepoRoot(), file))
+		if err != nil {
+			return "", err
+		}
+		for _, doc := range strings.Split(string(data), "\n---") {
+			obj := &unstructured.Unstructured{}
+			if err := yaml.Unmarshal([]byte(doc), &obj.Object); err != nil {
+				return "", fmt.Errorf("%s: %w", file, err)
+			}
+			if len(obj.Object) == 0 {
+				continue
+			}
+			var set [][]string
+			switch obj.GetKind() + "/" + obj.GetName() {
+			case "Secret/orders-db":
+				set = [][]string{{DatabaseURL(), "stringData", "url"}}
+			case "Secret/orders-rabbitmq":
+				set = [][]string{{BrokerURL(), "stringData", "url"}}
+			case "OutboxDrainer/orders":
+				set = [][]string{
+					{table, "spec", "database", "table"},
+					{exchange, "spec", "broker", "exchange"},
+					{statusInterval, "spec", "statusInterval"},
+				}
+			default:
+				return "", fmt.Errorf("%s has %s %s, which SampleFleet does not know", file, obj.GetKind(), obj.GetName())
+			}
+			for _, s := range set {
+				if err := unstructured.SetNestedField(obj.Object, s[0], s[1:]...); err != nil {
+					return "", err
+				}
+			}
+			out, err := yaml.Marshal(obj.Object)
+			if err != nil {
+				return "", err
+			}
+			docs = append(docs, string(out))
+		}
+	}
+	return strings.Join(docs, "---\n"), nil
+}
+
+// ParseTable reads a table as kubectl get prints it into one map per row,
+// by the header's column positions: an empty cell has no text to split on.
+func ParseTable(out string) []map[string]string {
+	lines := strings.Split(strings.TrimRight(out, "\n"), "\n")
+	if len(lines) == 0 {
+		return nil
+	}
+	header := lines[0]
+	starts := regexp.MustCompile(`\S+`).FindAllStringIndex(header, -1)
+	var rows []map[string]string
+	for _, line := range lines[1:] {
+		row := map[string]string{}
+		for i, s := range starts {
+			end := len(line)
+			if i+1 < len(starts) && starts[i+1][0] < end {
+				end = starts[i+1][0]
+			}
+			cell := ""
+			if s[0] < end {
+				cell = strings.TrimSpace(line[s[0]:end])
+			}
+			row[header[s[0]:s[1]]] = cell
+		}
+		rows = append(rows, row)
+	}
+	return rows
+}
