@@ -11,7 +11,7 @@ import (
 
 // claimParams are the claim knobs of the specs that call the store directly.
 func claimParams(id string, n int) ClaimParams {
-	return ClaimParams{DrainerID: id, BatchSize: n, MaxAttempts: 10, LeaseMillis: 30_000, MaxPayloadBytes: 1 << 20}
+	return ClaimParams{DrainerID: id, BatchSize: n, MaxAttempts: 10, LeaseMillis: 30_000, MaxPayloadBytes: 1 << 20, MaxClaimBytes: 8 << 20}
 }
 
 // claimBuffers runs the claim under EXPLAIN (ANALYZE, BUFFERS) in a
@@ -60,15 +60,11 @@ var _ = Describe("The claim", Label("integration"), func() {
 		const batchSize, dueBefore = 100, 5000
 		for claims := 1; claims <= dueBefore/batchSize+1; claims++ {
 			seed(ctx, spec.Name, batchSize) // a sustained backlog: as many fresh rows arrive as each claim takes
-			rows, err := store.Claim(ctx, claimParams("drainer-a", batchSize))
+			c, err := store.Claim(ctx, claimParams("drainer-a", batchSize))
 			Expect(err).NotTo(HaveOccurred())
-			var st Settlement
-			for _, r := range rows {
-				st.Published = append(st.Published, r.ID)
-			}
-			_, err = store.Settle(ctx, "drainer-a", st, Backoff{Initial: 1000, Max: 1000})
+			_, err = store.Settle(ctx, "drainer-a", Settlement{Published: c.Leases()}, FailurePolicy{})
 			Expect(err).NotTo(HaveOccurred())
-			if slices.Contains(st.Published, retried) {
+			if slices.ContainsFunc(c.Rows, func(r Row) bool { return r.ID == retried }) {
 				GinkgoWriter.Printf("the retried row was claimed by claim %d\n", claims)
 				return
 			}
@@ -90,5 +86,49 @@ var _ = Describe("The claim", Label("integration"), func() {
 		GinkgoWriter.Printf("empty claim: %d buffers with 1,000 of each, %d with 100,000 of each\n", buffers[0], buffers[1])
 		Expect(buffers[1]).To(BeNumerically("<=", buffers[0]+2), "the empty claim's cost does not grow with the rows it cannot claim")
 		Expect(buffers[1]).To(BeNumerically("<=", 10))
+	})
+
+	It("stops at the first row that would take it over its byte budget, and claims a row larger than the budget alone", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, available_at)
+			VALUES ('order.created', jsonb_build_object('pad', repeat('x', 5000)), now() - interval '1 minute')`)
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload) SELECT 'order.created', jsonb_build_object('pad', repeat('x', 380)) FROM generate_series(1, 5)`)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		p := claimParams("drainer-a", 100)
+		p.MaxClaimBytes = 1000 // two rows of 391 bytes fit, three do not
+
+		var sizes [][]int64
+		for range 4 {
+			c, err := store.Claim(ctx, p)
+			Expect(err).NotTo(HaveOccurred())
+			var claim []int64
+			for _, r := range c.Rows {
+				claim = append(claim, r.Size)
+			}
+			sizes = append(sizes, claim)
+			Expect(c.Full(p.BatchSize)).To(Equal(len(sizes) < 4), "a claim the budget cut short says more rows are due")
+		}
+		Expect(sizes).To(Equal([][]int64{{5011}, {391, 391}, {391, 391}, {391}}))
+	})
+
+	It("releases the rows of a claim whose result was lost, and keeps the claims in phases 2 and 3", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 10)
+		d := newDrainer(ctx, testConfig("drainer-a", spec, "amq.topic"))
+		p := d.cfg.ClaimParams()
+		p.BatchSize = 6
+		inFlight, err := d.store.Claim(ctx, p)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(inFlight.Rows).To(HaveLen(6))
+		d.held.add(inFlight.Token)
+		// A claim that committed, its result lost on the way back.
+		lost := d.store.Table().Claim(d.cfg.ClaimParams())
+		Expect(exec(ctx, lost.SQL, lost.Args...)).To(Equal(int64(4)))
+
+		d.releaseUnread(ctx)
+		Expect(count(ctx, spec.Name, "claimed_by IS NULL")).To(Equal(4), "the lost claim's rows are released")
+		Expect(count(ctx, spec.Name, "claimed_by = 'drainer-a' AND claimed_at = $1", inFlight.Token)).To(Equal(6),
+			"the rows of the claim in flight are still held")
 	})
 })

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -131,7 +132,7 @@ func newDrainer(ctx context.Context, cfg Config) *running {
 	store, err := OpenStore(ctx, pool, cfg.Table)
 	Expect(err).NotTo(HaveOccurred())
 	reg := prometheus.NewRegistry()
-	d, err := New(cfg, store, NewMetrics(reg), slog.New(slog.NewTextHandler(io.Discard, nil)))
+	d, err := New(cfg, store, NewMetrics(reg), testLog())
 	Expect(err).NotTo(HaveOccurred())
 	return &running{Drainer: d, reg: reg}
 }
@@ -155,6 +156,15 @@ func (r *running) start() *running {
 		}
 	})
 	return r
+}
+
+// testLog discards the drainers' logs, unless SPILLWAY_TEST_LOG is set: then
+// they go to the spec's output.
+func testLog() *slog.Logger {
+	if os.Getenv("SPILLWAY_TEST_LOG") == "" {
+		return slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return slog.New(NewLogHandler(GinkgoWriter))
 }
 
 // startDrainer builds and runs a drainer until the test ends.

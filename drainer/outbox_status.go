@@ -25,20 +25,26 @@ type OutboxStatus struct {
 
 // OutboxStatus renders the count of the backlog and the poisoned rows, and
 // the backlog's oldest age. Its predicates are the claim's (pending is
-// published_at IS NULL, poisoned is attempts >= max), so it reads only the
-// claim index, never the published history; and the age is taken from the
-// database's now(), like every other time the drainer compares.
+// published_at IS NULL; poisoned is attempts >= max, or a due time of
+// 'infinity', which a failure at max sets and only a replay undoes), so it
+// reads only the claim index, never the published history; and the age is
+// taken from the database's now(), like every other time the drainer
+// compares. A table without available_at (not migrated yet) counts by
+// attempts alone.
 func (t *Table) OutboxStatus(maxAttempts int) Statement {
 	c := t.cols
-	pending := fmt.Sprintf("%s < $1", q(c.Attempts))
+	backlog := fmt.Sprintf("%s < $1", q(c.Attempts))
+	if c.AvailableAt != "" {
+		backlog += fmt.Sprintf(" AND %s <> 'infinity'", q(c.AvailableAt))
+	}
 	oldest := "NULL::bigint"
 	if c.EnqueuedAt != "" {
 		oldest = fmt.Sprintf("coalesce((extract(epoch FROM now() - min(%s) FILTER (WHERE %s)) * 1000)::bigint, 0)",
-			q(c.EnqueuedAt), pending)
+			q(c.EnqueuedAt), backlog)
 	}
 	sql := strings.Join([]string{
-		"SELECT count(*) FILTER (WHERE " + pending + "),",
-		"\tcount(*) FILTER (WHERE NOT (" + pending + ")),",
+		"SELECT count(*) FILTER (WHERE " + backlog + "),",
+		"\tcount(*) FILTER (WHERE NOT (" + backlog + ")),",
 		"\t" + oldest,
 		"FROM " + t.ident + " WHERE " + q(c.PublishedAt) + " IS NULL",
 	}, "\n")

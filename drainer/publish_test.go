@@ -37,7 +37,7 @@ var _ = Describe("Classifying a confirm", Label("integration"), func() {
 		spec := canonicalOutbox(ctx)
 		topo := topology("#", nil)
 		d := newDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
-		b, err := dialBroker(d.cfg.Broker, "drainer-a", 8, d.log, func() {})
+		b, err := dialBroker(ctx, d.cfg.Broker, "drainer-a", 8, d.cfg.MaxPayloadBytes, d.log, func() {})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(b.close)
 		dc, err := b.publish(ctx, "order.created", amqp.Publishing{MessageId: "row-1", Body: []byte("{}")})
@@ -45,10 +45,12 @@ var _ = Describe("Classifying a confirm", Label("integration"), func() {
 		Eventually(dc.Done()).Should(BeClosed())
 		Expect(b.ch.Close()).To(Succeed())
 
-		e := inflight{batch: &batch{rows: []Row{{ID: "row-1"}}, outcomes: make([]outcome, 1)}, confirm: dc, broker: b, publishedAt: time.Now()}
+		e := inflight{batch: &batch{claim: Claim{Rows: []Row{{ID: "row-1"}}}, outcomes: make([]outcome, 1)}, confirm: dc, broker: b, publishedAt: time.Now()}
 		classified := make(chan outcome, 1)
 		go func() { classified <- d.classify(e, releaseConfirmTimeout) }()
-		Eventually(classified, 5*time.Second).Should(Receive(HaveField("kind", published)), "the broker acked it before the channel closed")
+		var got outcome
+		Eventually(classified, 5*time.Second).Should(Receive(&got))
+		Expect(got.kind).To(Equal(published), "the broker acked it before the channel closed")
 	})
 
 	It("keeps draining when its broker connection is closed under it again and again mid-drain", func(ctx SpecContext) {
@@ -64,6 +66,22 @@ var _ = Describe("Classifying a confirm", Label("integration"), func() {
 		}
 		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout, 100*time.Millisecond).Should(BeZero())
 		Expect(count(ctx, spec.Name, "attempts > 0")).To(BeZero())
+	})
+})
+
+var _ = Describe("A channel that gave up a confirm while the broker blocked it", Label("integration"), func() {
+	It("is replaced once the broker no longer blocks it, before anything else is published on it", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		d := startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+		Eventually(d.current.Load).ShouldNot(BeNil())
+		stale := d.current.Load()
+		stale.stale.Store(true) // as classify leaves it
+		d.poke()
+		Eventually(d.current.Load, drainTimeout).ShouldNot(BeIdenticalTo(stale))
+		Expect(stale.healthy()).To(BeFalse(), "the stale channel is closed")
+		seed(ctx, spec.Name, 10)
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(10))
 	})
 })
 
