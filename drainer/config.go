@@ -99,8 +99,8 @@ func DefaultConfig() Config {
 		// with room for the Go heap's growth and the connections' buffers.
 		MaxClaimBytes:    8 << 20,
 		MaxPipelineBytes: 16 << 20,
-		ShutdownTimeout: 30 * time.Second,
-		Retention:       Retention{Interval: time.Minute, BatchSize: 1000},
+		ShutdownTimeout:  30 * time.Second,
+		Retention:        Retention{Interval: time.Minute, BatchSize: 1000},
 	}
 }
 

@@ -253,7 +253,9 @@ var _ = Describe("Failures", Label("integration"), func() {
 			cfg := testConfig("drainer-a", spec, topo.Exchange)
 			cfg.Broker.Mandatory, cfg.MaxAttempts = true, 3
 			startDrainer(ctx, cfg)
-			Eventually(func() int { return count(ctx, spec.Name, "attempts = 3 AND available_at = 'infinity' AND claimed_by IS NULL") }, drainTimeout).
+			Eventually(func() int {
+				return count(ctx, spec.Name, "attempts = 3 AND available_at = 'infinity' AND claimed_by IS NULL")
+			}, drainTimeout).
 				Should(Equal(1))
 		})
 

@@ -276,7 +276,6 @@ func (t *Table) Name() string { return t.name }
 // PayloadType is the payload column's SQL type.
 func (t *Table) PayloadType() string { return t.payloadType }
 
-
 func q(name string) string { return pgx.Identifier{name}.Sanitize() }
 
 // Statement is one SQL statement with its arguments.
