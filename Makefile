@@ -65,9 +65,12 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD into config/crd/bases and the c
 verify-generated: $(CONTROLLER_GEN) ## Fail when the generated code or manifests are stale.
 	@CONTROLLER_GEN=$(CONTROLLER_GEN) hack/verify-generated.sh
 
+# BENCH_FLAGS passes flags to the benchmark, e.g. BENCH_FLAGS=-sections=claims.
+BENCH_FLAGS ?=
+
 .PHONY: bench
 bench: services ## Measure broker ceiling, drainer throughput, claim latency and commit→publish latency; prints ratios.
-	$(GO) run ./test/bench
+	flock -s $(SERVICES_LOCK) $(GO) run ./test/bench $(BENCH_FLAGS)
 
 $(HELM):
 	GOBIN=$(BIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION)
