@@ -2,8 +2,12 @@ package drainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // Phase 2: publishing a claim's rows, and classifying each confirm.
@@ -48,30 +52,40 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c Claim) *batch {
 		// A row that was in flight when the connection failed is published
 		// alone, with nothing else in flight, until it is confirmed: should
 		// the connection fail again, the failure is the row's.
-		e.alone = d.strikes.suspect(row.ID)
-		if e.alone {
+		if e.alone = d.strikes.suspect(row.ID); e.alone {
 			p.drain()
-			if !d.broker.healthy() {
-				rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
-				e.outcome = *rest
-				p.add(e)
-				continue
-			}
+		} else {
+			p.makeRoom(d.cfg.PipelineDepth, d.cfg.MaxPipelineBytes, e.size)
 		}
-		p.makeRoom(d.cfg.PipelineDepth, d.cfg.MaxPipelineBytes, e.size)
+		// The confirms resolved while waiting may have closed the channel.
+		if !d.broker.healthy() {
+			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
+			e.outcome = *rest
+			p.add(e)
+			continue
+		}
 		e.publishedAt = time.Now()
 		// The publish itself must not be cut by shutdown: a half-written
 		// frame would close the channel under the in-flight confirms. The
 		// hard stop cuts the socket instead.
 		dc, err := d.broker.publish(context.WithoutCancel(ctx), key, msg)
-		if err != nil {
-			// The channel was healthy: this row's own publish broke it.
+		var netErr net.Error
+		switch {
+		case err == nil:
+			e.confirm, e.broker = dc, d.broker
+		case errors.Is(err, amqp.ErrClosed) || errors.As(err, &netErr):
+			// Closed under it, or the socket failed (the network, or the
+			// hard stop cutting it): not the row's doing.
+			d.log.Error("Publish failed; releasing the rest of the batch", "error", err)
+			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
+			e.outcome = *rest
+		default:
+			// amqp091 could not encode what the row holds, and closed the
+			// connection: the failure is this row's.
 			d.log.Error("Publish failed; releasing the rest of the batch", "error", err)
 			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
 			e.alone = true
 			e.outcome = d.connectionFailure(e, err.Error(), releaseBrokerUnavailable)
-		} else {
-			e.confirm, e.broker = dc, d.broker
 		}
 		p.add(e)
 		if e.alone {

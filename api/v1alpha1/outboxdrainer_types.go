@@ -102,7 +102,7 @@ type DatabaseSpec struct {
 // mandatory, such a row would be marked published and lost. The drainer
 // refuses the same.
 //
-// +kubebuilder:validation:XValidation:rule="(has(self.exchange) && self.exchange != '') || (has(self.mandatory) && self.mandatory)",fieldPath=".exchange",reason="FieldValueInvalid",message="set an exchange, or broker.mandatory to publish to the default exchange: there a row whose routing key names no queue is dropped, and would be marked published"
+// +kubebuilder:validation:XValidation:rule="(has(self.exchange) && size(self.exchange) > 0) || (has(self.mandatory) && self.mandatory)",fieldPath=".exchange",reason="FieldValueInvalid",message="set an exchange, or broker.mandatory to publish to the default exchange: there a row whose routing key names no queue is dropped, and would be marked published"
 type BrokerSpec struct {
 	// URLSecretRef is the key of a Secret holding the AMQP URL.
 	// +required
