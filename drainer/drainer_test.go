@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -287,30 +288,53 @@ var _ = Describe("Failures", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("The claim's plan", Label("integration"), func() {
-	It("stays an index scan of the claim index and a TID scan under a generic plan, never a scan of the table", func(ctx SpecContext) {
+var _ = Describe("The drainer's plans", Label("integration"), func() {
+	It("stay index scans of the claim index and TID scans under generic plans, never a scan of the table", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		seed(ctx, spec.Name, 20_000)
 		exec(ctx, "ANALYZE "+spec.Name)
 		store, err := OpenStore(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
-		claim := store.Table().Claim(claimParams("d", 100))
+		t := store.Table()
+		leases := []Lease{{Row: Locator{Table: 1, TID: pgtype.TID{BlockNumber: 1, OffsetNumber: 1, Valid: true}}, Token: time.Now()}}
+		policy := FailurePolicy{InitialMillis: 1000, MaxMillis: 1000, MaxAttempts: 10}
 
 		conn, err := pool.Acquire(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		defer conn.Release()
-		for _, sql := range []string{"SET plan_cache_mode = force_generic_plan", "PREPARE claim_plan AS " + claim.SQL} {
-			_, err := conn.Exec(ctx, sql)
+		_, err = conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+		Expect(err).NotTo(HaveOccurred())
+		defer conn.Exec(ctx, "RESET plan_cache_mode") //nolint:errcheck
+		// plan EXPLAINs the statement's generic plan, with its own arguments
+		// written as literals: EXPLAIN EXECUTE takes no bound parameters.
+		plan := func(stmt Statement) string {
+			desc, err := conn.Conn().Prepare(ctx, "drainer_plan", stmt.SQL)
+			Expect(err).NotTo(HaveOccurred(), stmt.SQL)
+			defer conn.Conn().Deallocate(ctx, "drainer_plan") //nolint:errcheck
+			var literals []string
+			for i, arg := range stmt.Args {
+				text, err := conn.Conn().TypeMap().Encode(desc.ParamOIDs[i], pgtype.TextFormatCode, arg, nil)
+				Expect(err).NotTo(HaveOccurred())
+				literals = append(literals, quoteLiteral(string(text)))
+			}
+			rows, err := conn.Query(ctx, "EXPLAIN EXECUTE drainer_plan("+strings.Join(literals, ", ")+")")
 			Expect(err).NotTo(HaveOccurred())
+			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			Expect(err).NotTo(HaveOccurred())
+			return strings.Join(lines, "\n")
 		}
-		defer conn.Exec(ctx, "DEALLOCATE claim_plan; RESET plan_cache_mode")
-		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE claim_plan('d', 100, 10, 30000, 1048576, 8388608)")
-		Expect(err).NotTo(HaveOccurred())
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		Expect(err).NotTo(HaveOccurred())
-		plan := strings.Join(lines, "\n")
-		Expect(plan).To(ContainSubstring("Index Scan using " + spec.objectName(claimIndexSuffix)))
-		Expect(plan).To(ContainSubstring("Tid Scan"))
-		Expect(plan).NotTo(ContainSubstring("Seq Scan"))
+		claim := plan(t.Claim(claimParams("d", 100)))
+		Expect(claim).To(ContainSubstring("Index Scan using " + spec.objectName(claimIndexSuffix)))
+		Expect(claim).To(ContainSubstring("Tid Scan"))
+		for name, stmt := range map[string]Statement{
+			"claim":     t.Claim(claimParams("d", 100)),
+			"published": t.MarkPublished("d", leases),
+			"failed":    t.RecordFailures("d", leases, []string{"x"}, policy),
+			"released":  t.Release("d", leases),
+			"held":      t.ReleaseHeld("d", 30*time.Second, nil),
+		} {
+			p := plan(stmt)
+			Expect(p).NotTo(ContainSubstring("Seq Scan on "+spec.objectName("")), name)
+		}
 	})
 })
