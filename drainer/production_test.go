@@ -30,8 +30,20 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 			cfg.PollInterval = 10 * time.Second
 			drainers = append(drainers, startDrainer(ctx, cfg))
 		}
-		for _, d := range drainers { // both have made their first claim and sit in the 10 s poll
-			Eventually(func() uint64 { return histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") }).Should(BeNumerically(">=", 1))
+		// Both sit in the 10 s poll: each listens (a listen session pokes
+		// its drainer when it starts, and a wake-up is followed by a claim
+		// 20 ms later), and has made no claim for a while since.
+		for _, spec := range []TableSpec{notified, polled} {
+			Eventually(func() int { return count(ctx, "pg_stat_activity", "query = $1 AND state = 'idle'", spec.Listen().SQL) }, drainTimeout).
+				Should(Equal(1), "listening on "+spec.NotifyChannel())
+		}
+		for _, d := range drainers {
+			claims := uint64(0)
+			Eventually(func() bool {
+				last := claims
+				claims = histogramCount(d.reg, "spillway_drainer_claim_duration_seconds")
+				return claims >= 1 && claims == last
+			}, drainTimeout, 200*time.Millisecond).Should(BeTrue(), "claimed, and no claim in the last 200 ms")
 		}
 
 		start := time.Now()
