@@ -81,9 +81,12 @@ manifests: $(CONTROLLER_GEN) ## Generate the CRD into config/crd/bases and the c
 verify-generated: $(CONTROLLER_GEN) ## Fail when the generated code or manifests are stale.
 	@CONTROLLER_GEN=$(CONTROLLER_GEN) hack/verify-generated.sh
 
+# BENCH_FLAGS passes flags to the benchmark, e.g. BENCH_FLAGS=-sections=claims.
+BENCH_FLAGS ?=
+
 .PHONY: bench
 bench: services ## Measure broker ceiling, drainer throughput, claim latency and commit→publish latency; prints ratios.
-	$(GO) run ./test/bench
+	flock -s $(SERVICES_LOCK) $(GO) run ./test/bench $(BENCH_FLAGS)
 
 $(HELM):
 	@echo "helm: building $(HELM_VERSION) from the Go module proxy (about 1.5 minutes the first time)"

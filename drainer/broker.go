@@ -5,51 +5,96 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
 
+const (
+	// dialTimeout bounds the TCP connect and the AMQP handshake.
+	dialTimeout = 10 * time.Second
+	// closeTimeout bounds the close handshake: a broker that blocks the
+	// connection (a memory alarm) stops reading it, and would never answer.
+	closeTimeout = time.Second
+)
+
 // brokerChannel is one AMQP connection with a confirming channel. The claim
-// loop publishes on it; the confirm loop alone reads its returns.
+// loop publishes on it and resolves its confirms, so only that goroutine
+// touches the return bookkeeping.
 type brokerChannel struct {
 	conn     *amqp.Connection
 	ch       *amqp.Channel
 	exchange string
 	// mandatory asks the broker to return unroutable messages.
 	mandatory bool
+	// limits are what a row is checked against before it is published.
+	limits messageLimits
 	// returns is buffered past the pipeline depth: amqp091 delivers a return
-	// before the ack of the same message, and a full buffer would drop it.
-	returns  chan amqp.Return
+	// before the ack of the same message, and waits while the buffer is full.
+	// amqp091 closes it when the channel closes.
+	returns chan amqp.Return
+	// returned holds the returns read but not yet matched to their confirm.
 	returned map[string]amqp.Return
+	// stale is set when a confirm was given up while the broker blocked the
+	// connection, which is then kept: its return may still come, and must
+	// not be read as the return of a later publish of the same row. The
+	// claim loop replaces a stale channel before it publishes again.
+	stale atomic.Bool
+	// failure receives the channel's or the connection's close reason.
+	failure chan *amqp.Error
+	lastErr string
 	// isBlocked is set while the broker has blocked publishing (a memory or
 	// disk alarm). RabbitMQ tells a connection when it next publishes.
 	isBlocked atomic.Bool
+	// unhook stops the hard stop from cutting the socket's I/O.
+	unhook func() bool
 }
 
 // dialBroker connects, enables confirms, and checks (or declares) the
 // exchange before anything is claimed, so a missing exchange costs no claims.
 // The URL is read afresh, so a rotated password file takes effect here.
 // changed is called when the connection closes or is blocked or unblocked.
-func dialBroker(cfg BrokerConfig, drainerID string, depth int, log *slog.Logger, changed func()) (*brokerChannel, error) {
+// Once hardStop ends, every read and write of the connection's socket fails
+// at once, so nothing on it, not even a write blocked on a full socket,
+// outlives the shutdown.
+func dialBroker(hardStop context.Context, cfg BrokerConfig, drainerID string, depth int, maxPayloadBytes int64,
+	log *slog.Logger, changed func()) (*brokerChannel, error) {
 	url, err := cfg.Read()
 	if err != nil {
 		return nil, err
 	}
+	var unhook func() bool
 	conn, err := amqp.DialConfig(url, amqp.Config{
 		Properties: amqp.Table{"connection_name": "spillway-drainer/" + drainerID},
-		Dial:       amqp.DefaultDial(10 * time.Second),
+		Dial: func(network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{Timeout: dialTimeout}).DialContext(hardStop, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			// The handshake's deadline; amqp091 clears it once open.
+			if err := c.SetDeadline(time.Now().Add(dialTimeout)); err != nil {
+				return nil, err
+			}
+			unhook = context.AfterFunc(hardStop, func() { _ = c.SetDeadline(time.Now()) })
+			return c, nil
+		},
 	})
 	if err != nil {
+		if unhook != nil {
+			unhook()
+		}
 		return nil, fmt.Errorf("connect to broker %s: %w", RedactURL(url), RedactError(err, url))
 	}
 	b := &brokerChannel{
 		conn:      conn,
 		exchange:  cfg.Exchange,
 		mandatory: cfg.Mandatory,
+		limits:    messageLimits{maxPayloadBytes: maxPayloadBytes, frameMax: conn.Config.FrameSize},
 		returns:   make(chan amqp.Return, depth+1),
 		returned:  map[string]amqp.Return{},
+		unhook:    unhook,
 	}
 	if err := b.open(cfg); err != nil {
 		b.close()
@@ -107,6 +152,9 @@ func (b *brokerChannel) open(cfg BrokerConfig) error {
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
 	b.ch.NotifyReturn(b.returns)
+	// amqp091 tells the channel's listeners why it closed before it resolves
+	// the confirms in flight, so a lost confirm finds the reason here.
+	b.failure = b.ch.NotifyClose(make(chan *amqp.Error, 1))
 	if cfg.Exchange == "" { // the default exchange always exists
 		return nil
 	}
@@ -138,23 +186,55 @@ func (b *brokerChannel) publish(ctx context.Context, routingKey string, msg amqp
 	return b.ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, routingKey, b.mandatory, false, msg)
 }
 
-// takeReturn reports whether the broker returned the message. Called after
-// its confirm arrived, by which time amqp091 has queued any return for it.
+// takeReturn reports whether the broker returned the message, and forgets
+// its return: it is called for every publish whose confirm is resolved,
+// whatever the outcome, so no return outlives its publish. When the confirm
+// arrived, amqp091 has already queued any return of the message.
 func (b *brokerChannel) takeReturn(messageID string) (amqp.Return, bool) {
-drain:
-	for {
-		select {
-		case r := <-b.returns:
-			b.returned[r.MessageId] = r
-		default:
-			break drain
-		}
-	}
+	b.readReturns()
 	r, ok := b.returned[messageID]
 	delete(b.returned, messageID)
 	return r, ok
 }
 
+// readReturns moves the returns amqp091 queued into returned.
+func (b *brokerChannel) readReturns() {
+	for b.returns != nil {
+		select {
+		case r, ok := <-b.returns:
+			if !ok {
+				// amqp091 closed it with the channel: a closed channel is
+				// always ready, and reading it again would spin.
+				b.returns = nil
+				return
+			}
+			b.returned[r.MessageId] = r
+		default:
+			return
+		}
+	}
+}
+
+// failureReason is why the channel or the connection closed, once it has.
+func (b *brokerChannel) failureReason() string {
+	select {
+	case err, ok := <-b.failure:
+		if ok && err != nil {
+			b.lastErr = err.Error()
+		}
+	default:
+	}
+	if b.lastErr == "" {
+		return "the channel closed"
+	}
+	return b.lastErr
+}
+
+// close closes the connection, waiting a moment at most for the broker to
+// answer.
 func (b *brokerChannel) close() {
-	_ = b.conn.Close()
+	_ = b.conn.CloseDeadline(time.Now().Add(closeTimeout))
+	if b.unhook != nil {
+		b.unhook()
+	}
 }

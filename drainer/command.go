@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"os"
@@ -76,7 +77,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.StringVar(&c.DrainerID, "drainer-id", c.DrainerID, "drainer ID, stamped on claims (default $POD_NAME, then the hostname)")
 	fs.StringVar(&c.Broker.URL, "broker-url", os.Getenv("BROKER_URL"), "AMQP URL of the broker, for local use (default $BROKER_URL)")
 	fs.StringVar(&c.Broker.File, "broker-url-file", "", "file holding the AMQP URL, re-read at every reconnect (a mounted secret)")
-	fs.StringVar(&c.Broker.Exchange, "exchange", c.Broker.Exchange, "exchange to publish to")
+	fs.StringVar(&c.Broker.Exchange, "exchange", c.Broker.Exchange, "exchange to publish to (required, unless --mandatory publishes to the default exchange)")
 	fs.BoolVar(&c.Broker.Mandatory, "mandatory", c.Broker.Mandatory, "publish mandatory: an unroutable row counts a failed attempt")
 	fs.BoolVar(&c.Broker.DeclareExchange, "declare-exchange", c.Broker.DeclareExchange, "declare the exchange (durable) on connect")
 	fs.StringVar(&c.Broker.ExchangeType, "exchange-type", c.Broker.ExchangeType, "exchange type for --declare-exchange")
@@ -89,6 +90,10 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.RetryInitial, "retry-initial", c.RetryInitial, "backoff after a row's first failure")
 	fs.DurationVar(&c.RetryMax, "retry-max", c.RetryMax, "cap of the exponential retry backoff")
 	fs.Int64Var(&c.MaxPayloadBytes, "max-payload-bytes", c.MaxPayloadBytes, "larger payloads are not loaded and fail the row")
+	fs.Int64Var(&c.MaxClaimBytes, "max-claim-bytes", c.MaxClaimBytes,
+		"a claim stops at the first row whose payload would take it over this many bytes; a larger row is claimed alone")
+	fs.Int64Var(&c.MaxPipelineBytes, "max-pipeline-bytes", c.MaxPipelineBytes,
+		"payload bytes published and awaiting their confirm, at most; a larger message is published alone")
 	fs.StringVar(&c.ContentType, "content-type", c.ContentType, "message content type (default from the payload column's type)")
 	fs.BoolVar(&c.SynchronousCommit, "synchronous-commit", c.SynchronousCommit,
 		"commit claims and settles synchronously (off: the application's commits do not queue behind the drainer's WAL flushes)")
@@ -134,7 +139,7 @@ func DrainCommand(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)).With("drainer", cfg.DrainerID)
+	log := slog.New(NewLogHandler(os.Stderr)).With("drainer", cfg.DrainerID)
 	pool, err := ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
 	if err != nil {
 		return err
@@ -173,7 +178,13 @@ func DrainCommand(ctx context.Context, args []string) error {
 func probeMux(reg *prometheus.Registry, d *Drainer) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := d.Alive(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ok")
+	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
@@ -186,20 +197,28 @@ func probeMux(reg *prometheus.Registry, d *Drainer) *http.ServeMux {
 	return mux
 }
 
-// openStoreRetrying reads the table's catalog, waiting out a database that
-// is not up yet. A table that does not fit the mapping is a permanent error.
+// openStoreRetrying opens the store, waiting out a database that is not up
+// yet. A table that does not fit the mapping, or that migrate has not made
+// drainable, is a permanent error.
 func openStoreRetrying(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, log *slog.Logger) (*Store, error) {
 	return retry(ctx, log, "Database unavailable at start; retrying", func() (*Store, error) {
-		cols, err := Catalog(ctx, pool, spec)
-		if err != nil {
-			return nil, err
-		}
-		store, err := storeOver(pool, spec, cols)
-		if err != nil {
+		store, err := OpenStore(ctx, pool, spec)
+		if unusable := (*UnusableTableError)(nil); errors.As(err, &unusable) {
 			return nil, backoff.Permanent(err)
 		}
-		return store, nil
+		return store, err
 	})
+}
+
+// NewLogHandler is the drainer's JSON log handler. Durations print as Go
+// durations ("1.5s"), not as integer nanoseconds.
+func NewLogHandler(w io.Writer) slog.Handler {
+	return slog.NewJSONHandler(w, &slog.HandlerOptions{ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+		if a.Value.Kind() == slog.KindDuration {
+			return slog.String(a.Key, a.Value.Duration().String())
+		}
+		return a
+	}})
 }
 
 // MigrateCommand is `spillway migrate`.

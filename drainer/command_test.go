@@ -2,6 +2,8 @@ package drainer
 
 import (
 	"context"
+	"log/slog"
+	"strings"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -37,6 +39,8 @@ var _ = Describe("spillway drain flags", func() {
 		Expect(cfg.LeaseTTL.String()).To(Equal("30s"))
 		Expect(cfg.SynchronousCommit).To(BeFalse())
 		Expect(cfg.ShutdownTimeout.String()).To(Equal("30s"))
+		Expect(cfg.MaxClaimBytes).To(Equal(int64(8 << 20)))
+		Expect(cfg.MaxPipelineBytes).To(Equal(int64(16 << 20)))
 		Expect(cfg.Retention.Published).To(BeNil(), "kept forever unless set")
 		Expect(cfg.Retention.UnpublishedMaxAge).To(BeNil())
 	})
@@ -56,5 +60,13 @@ var _ = Describe("spillway drain flags", func() {
 	It("refuses a zero retention window given as a flag", func() {
 		err := DrainCommand(context.Background(), append(base, "--retention-published=0s"))
 		Expect(err).To(MatchError(ContainSubstring(`retention.published: Invalid value: "0s": must be greater than 0`)))
+	})
+})
+
+var _ = Describe("The drainer's JSON log", func() {
+	It("prints durations as durations, not integer nanoseconds", func() {
+		var out strings.Builder
+		slog.New(NewLogHandler(&out)).Warn("Claim failed", "retryIn", 1500*time.Millisecond)
+		Expect(out.String()).To(ContainSubstring(`"retryIn":"1.5s"`))
 	})
 })

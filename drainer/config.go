@@ -42,6 +42,14 @@ type Config struct {
 	RetryMax       time.Duration
 	// MaxPayloadBytes: a larger row is never loaded, and fails with a reason.
 	MaxPayloadBytes int64
+	// MaxClaimBytes is each claim's payload budget: a claim stops at the
+	// first row that would take it over, and a larger row is claimed alone.
+	// With the claim ahead and the batch being published, it bounds the
+	// payload bytes in memory to about twice the budget.
+	MaxClaimBytes int64
+	// MaxPipelineBytes bounds the payload bytes published and awaiting
+	// their confirm; a larger message is published alone.
+	MaxPipelineBytes int64
 	// ContentType overrides the one derived from the payload column's type.
 	ContentType string
 	// SynchronousCommit off keeps the application's commits from queueing
@@ -87,8 +95,12 @@ func DefaultConfig() Config {
 		RetryInitial:    time.Second,
 		RetryMax:        10 * time.Minute,
 		MaxPayloadBytes: 16 << 20,
-		ShutdownTimeout: 30 * time.Second,
-		Retention:       Retention{Interval: time.Minute, BatchSize: 1000},
+		// Two claims of 8 MiB, or of one 16 MiB row, fit a 256 MiB pod
+		// with room for the Go heap's growth and the connections' buffers.
+		MaxClaimBytes:    8 << 20,
+		MaxPipelineBytes: 16 << 20,
+		ShutdownTimeout:  30 * time.Second,
+		Retention:        Retention{Interval: time.Minute, BatchSize: 1000},
 	}
 }
 
@@ -116,7 +128,13 @@ func (c Config) ClaimParams() ClaimParams {
 		MaxAttempts:     c.MaxAttempts,
 		LeaseMillis:     c.LeaseTTL.Milliseconds(),
 		MaxPayloadBytes: c.MaxPayloadBytes,
+		MaxClaimBytes:   c.MaxClaimBytes,
 	}
+}
+
+// failurePolicy is what a failed attempt costs a row under this config.
+func (c Config) failurePolicy() FailurePolicy {
+	return FailurePolicy{InitialMillis: c.RetryInitial.Milliseconds(), MaxMillis: c.RetryMax.Milliseconds(), MaxAttempts: c.MaxAttempts}
 }
 
 // Validate checks every rule; each error names the field, the value and the rule.
@@ -128,6 +146,17 @@ func (c Config) Validate() error {
 	errs = append(errs, c.Database.validate(field.NewPath("database"), "the outbox database's connection URL")...)
 	errs = append(errs, c.Broker.validate(field.NewPath("broker"), "the AMQP URL of the broker")...)
 	errs = append(errs, c.Table.Validate(field.NewPath("database"))...)
+	if c.Broker.Exchange == "" && !c.Broker.Mandatory {
+		errs = append(errs, field.Invalid(field.NewPath("broker", "exchange"), c.Broker.Exchange,
+			"set an exchange (--exchange), or broker.mandatory (--mandatory) to publish to the default exchange: "+
+				"there a row whose routing key names no queue is dropped by the broker, and would be marked published"))
+	}
+	if len(c.Broker.Exchange) > maxShortString {
+		errs = append(errs, field.TooLong(field.NewPath("broker", "exchange"), c.Broker.Exchange, maxShortString))
+	}
+	if len(c.ContentType) > maxShortString {
+		errs = append(errs, field.TooLong(field.NewPath("contentType"), c.ContentType, maxShortString))
+	}
 	switch c.Broker.ExchangeType {
 	case "direct", "fanout", "topic", "headers":
 	default:
@@ -159,6 +188,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPayloadBytes <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("maxPayloadBytes"), c.MaxPayloadBytes, "must be greater than 0"))
+	}
+	if c.MaxClaimBytes <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("maxClaimBytes"), c.MaxClaimBytes, "must be greater than 0"))
+	}
+	if c.MaxPipelineBytes <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("maxPipelineBytes"), c.MaxPipelineBytes, "must be greater than 0"))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("shutdownTimeout"), c.ShutdownTimeout.String(), "must be greater than 0"))

@@ -13,6 +13,7 @@ var _ = Describe("Config validation", func() {
 	valid := func() Config {
 		c := DefaultConfig()
 		c.DrainerID, c.Database.URL, c.Broker.URL = "d-1", "postgres://localhost/x", "amqp://localhost/"
+		c.Broker.Exchange = "orders"
 		return c
 	}
 
@@ -55,7 +56,16 @@ var _ = Describe("Config validation", func() {
 			c.Retention.UnpublishedMaxAge = &d
 		}, `retention.unpublishedMaxAge: Invalid value: "-1h0m0s": must be greater than 0`),
 		Entry("a zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, `shutdownTimeout: Invalid value: "0s": must be greater than 0`),
+		Entry("the default exchange without mandatory, which drops unroutable rows and marks them published",
+			func(c *Config) { c.Broker.Exchange, c.Broker.Mandatory = "", false },
+			`broker.exchange: Invalid value: "": set an exchange (--exchange), or broker.mandatory (--mandatory) to publish to the default exchange`),
 	)
+
+	It("accepts the default exchange with mandatory on, which counts an unroutable row as a failed attempt", func() {
+		c := valid()
+		c.Broker.Exchange, c.Broker.Mandatory = "", true
+		Expect(c.Validate()).To(Succeed())
+	})
 
 	It("accepts a lease exactly at the minimum", func() {
 		c := valid()

@@ -3,7 +3,9 @@ package drainer
 import (
 	"context"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -133,7 +135,7 @@ func newDrainer(ctx context.Context, cfg Config) *running {
 	store, err := OpenStore(ctx, pool, cfg.Table)
 	Expect(err).NotTo(HaveOccurred())
 	reg, logs := prometheus.NewRegistry(), gbytes.NewBuffer()
-	d, err := New(cfg, store, NewMetrics(reg), slog.New(slog.NewTextHandler(logs, nil)))
+	d, err := New(cfg, store, NewMetrics(reg), testLog(logs))
 	Expect(err).NotTo(HaveOccurred())
 	return &running{Drainer: d, reg: reg, logs: logs}
 }
@@ -157,6 +159,15 @@ func (r *running) start() *running {
 		}
 	})
 	return r
+}
+
+// testLog writes a drainer's log into buf, and also to the spec's output
+// when SPILLWAY_TEST_LOG is set.
+func testLog(buf io.Writer) *slog.Logger {
+	if os.Getenv("SPILLWAY_TEST_LOG") != "" {
+		buf = io.MultiWriter(buf, GinkgoWriter)
+	}
+	return slog.New(NewLogHandler(buf))
 }
 
 // startDrainer builds and runs a drainer until the test ends.

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gbytes"
@@ -54,7 +55,7 @@ var _ = Describe("Draining", Label("integration"), func() {
 		Expect(missing).To(BeEmpty(), "rows never published")
 	})
 
-	It("publishes each message persistent, with the row id, routing key, headers, content type and timestamp", func(ctx SpecContext) {
+	It("publishes each message persistent, with the row id, routing key, headers, content type, timestamp, type and app_id", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		topo := topology("order.*", nil)
 		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, headers, enqueued_at)
@@ -68,6 +69,8 @@ var _ = Describe("Draining", Label("integration"), func() {
 		Expect(m.RoutingKey).To(Equal("order.created"))
 		Expect(m.DeliveryMode).To(Equal(amqp.Persistent))
 		Expect(m.ContentType).To(Equal("application/json"))
+		Expect(m.Type).To(Equal("order.created"), "the event type, for consumers that route without parsing")
+		Expect(m.AppId).To(Equal("spillway"))
 		Expect(m.Timestamp.UTC()).To(Equal(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)))
 		Expect(m.Headers).To(Equal(amqp.Table{"tenant": "acme", "version": int64(2)}))
 		Expect(string(m.Body)).To(MatchJSON(`{"order": 7}`))
@@ -79,20 +82,22 @@ var _ = Describe("Leases", Label("integration"), func() {
 		spec  TableSpec
 		store *Store
 	)
-	claim := func(ctx context.Context, id string, n int) []Row {
-		rows, err := store.Claim(ctx, ClaimParams{DrainerID: id, BatchSize: n, MaxAttempts: 10, LeaseMillis: 30_000, MaxPayloadBytes: 1 << 20})
+	claim := func(ctx context.Context, id string, n int) Claim {
+		c, err := store.Claim(ctx, claimParams(id, n))
 		Expect(err).NotTo(HaveOccurred())
-		return rows
+		return c
 	}
-	idsOf := func(rows []Row) []string {
+	idsOf := func(c Claim) []string {
 		var out []string
-		for _, r := range rows {
+		for _, r := range c.Rows {
 			out = append(out, r.ID)
 		}
 		return out
 	}
+	// backdate ends the leases of rows: a claimed row is due again when its
+	// lease ends.
 	backdate := func(ctx context.Context, rowIDs []string) {
-		exec(ctx, "UPDATE "+spec.Name+" SET claimed_at = now() - interval '31 seconds' WHERE id = ANY($1::uuid[])", rowIDs)
+		exec(ctx, "UPDATE "+spec.Name+" SET claimed_at = now() - interval '31 seconds', available_at = now() - interval '1 second' WHERE id = ANY($1::uuid[])", rowIDs)
 	}
 
 	BeforeEach(func(ctx SpecContext) {
@@ -105,10 +110,10 @@ var _ = Describe("Leases", Label("integration"), func() {
 
 	It("re-claims rows whose lease expired and leaves rows with a live lease alone", func(ctx SpecContext) {
 		held := claim(ctx, "drainer-a", 10)
-		Expect(held).To(HaveLen(10))
-		Expect(claim(ctx, "drainer-b", 10)).To(BeEmpty(), "every lease is live")
+		Expect(held.Rows).To(HaveLen(10))
+		Expect(claim(ctx, "drainer-b", 10).Rows).To(BeEmpty(), "every lease is live")
 
-		expired := idsOf(held[:4])
+		expired := idsOf(held)[:4]
 		backdate(ctx, expired)
 		Expect(idsOf(claim(ctx, "drainer-b", 10))).To(ConsistOf(expired))
 		Expect(count(ctx, spec.Name, "claimed_by = 'drainer-a'")).To(Equal(6))
@@ -119,10 +124,10 @@ var _ = Describe("Leases", Label("integration"), func() {
 		a := newDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
 		held := claim(ctx, "drainer-a", 10)
 		backdate(ctx, idsOf(held))
-		Expect(claim(ctx, "drainer-b", 10)).To(HaveLen(10))
+		Expect(claim(ctx, "drainer-b", 10).Rows).To(HaveLen(10))
 
 		// drainer-a's confirms came back after its lease had expired.
-		b := &batch{rows: held, outcomes: make([]outcome, len(held))}
+		b := &batch{claim: held, outcomes: make([]outcome, len(held.Rows))}
 		a.settle(ctx, []*batch{b})
 		Expect(testutil.ToFloat64(a.metrics.LeaseLost)).To(Equal(10.0))
 		Expect(testutil.ToFloat64(a.metrics.Published)).To(BeZero())
@@ -206,25 +211,16 @@ var _ = Describe("Failures", Label("integration"), func() {
 			return lastError, time.Duration(secs * float64(time.Second))
 		}
 
-		It("counts an attempt, stores the reason and backs off when the broker nacks", func(ctx SpecContext) {
-			topo := topology("#", amqp.Table{"x-max-length": 0, "x-overflow": "reject-publish"})
-			seed(ctx, spec.Name, 1)
-			cfg := testConfig("drainer-a", spec, topo.Exchange)
-			cfg.RetryInitial, cfg.RetryMax = time.Hour, 2*time.Hour
-			startDrainer(ctx, cfg)
-			lastError, backoff := failedRow(ctx)
-			Expect(lastError).To(ContainSubstring("broker nacked"))
-			Expect(backoff).To(BeNumerically("~", time.Hour, time.Minute))
-		})
-
-		It("counts an attempt when mandatory is on and the message is unroutable", func(ctx SpecContext) {
+		It("counts an attempt, stores the reason and backs off when mandatory is on and the message is unroutable", func(ctx SpecContext) {
 			topo := topology("nothing.matches", nil)
 			seed(ctx, spec.Name, 1)
 			cfg := testConfig("drainer-a", spec, topo.Exchange)
 			cfg.Broker.Mandatory = true
+			cfg.RetryInitial, cfg.RetryMax = time.Hour, 2*time.Hour
 			startDrainer(ctx, cfg)
-			lastError, _ := failedRow(ctx)
+			lastError, backoff := failedRow(ctx)
 			Expect(lastError).To(ContainSubstring("312 NO_ROUTE"))
+			Expect(backoff).To(BeNumerically("~", time.Hour, time.Minute))
 		})
 
 		It("marks an unroutable message published when mandatory is off, the default", func(ctx SpecContext) {
@@ -235,10 +231,11 @@ var _ = Describe("Failures", Label("integration"), func() {
 		})
 
 		It("caps the exponential backoff", func(ctx SpecContext) {
-			topo := topology("#", amqp.Table{"x-max-length": 0, "x-overflow": "reject-publish"})
+			topo := topology("nothing.matches", nil)
 			seed(ctx, spec.Name, 1)
 			exec(ctx, "UPDATE "+spec.Name+" SET attempts = 3")
 			cfg := testConfig("drainer-a", spec, topo.Exchange)
+			cfg.Broker.Mandatory = true
 			cfg.RetryInitial, cfg.RetryMax = time.Hour, 5*time.Hour // 1h × 2³ = 8h, capped at 5h
 			startDrainer(ctx, cfg)
 			Eventually(func() int { return count(ctx, spec.Name, "attempts = 4") }, drainTimeout).Should(Equal(1))
@@ -252,6 +249,19 @@ var _ = Describe("Failures", Label("integration"), func() {
 			lastError, _ := failedRow(ctx)
 			Expect(lastError).To(ContainSubstring("headers: must be a JSON object"))
 			Expect(testenv.QueueDepth(amqpChannel(), topo.Queue)).To(BeZero())
+		})
+
+		It("poisons a row at maxAttempts: it is never due again, until replayed", func(ctx SpecContext) {
+			topo := topology("nothing.matches", nil)
+			seed(ctx, spec.Name, 1)
+			exec(ctx, "UPDATE "+spec.Name+" SET attempts = 2")
+			cfg := testConfig("drainer-a", spec, topo.Exchange)
+			cfg.Broker.Mandatory, cfg.MaxAttempts = true, 3
+			startDrainer(ctx, cfg)
+			Eventually(func() int {
+				return count(ctx, spec.Name, "attempts = 3 AND available_at = 'infinity' AND claimed_by IS NULL")
+			}, drainTimeout).
+				Should(Equal(1))
 		})
 
 		It("fails an oversized row without loading its payload", func(ctx SpecContext) {
@@ -282,30 +292,53 @@ var _ = Describe("Failures", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("The claim's plan", Label("integration"), func() {
-	It("stays an index scan of the claim index and a TID scan under a generic plan, never a scan of the table", func(ctx SpecContext) {
+var _ = Describe("The drainer's plans", Label("integration"), func() {
+	It("stay index scans of the claim index and TID scans under generic plans, never a scan of the table", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		seed(ctx, spec.Name, 20_000)
 		exec(ctx, "ANALYZE "+spec.Name)
 		store, err := OpenStore(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
-		claim := store.Table().Claim(ClaimParams{DrainerID: "d", BatchSize: 100, MaxAttempts: 10, LeaseMillis: 30_000, MaxPayloadBytes: 1 << 20})
+		t := store.Table()
+		leases := []Lease{{Row: Locator{Table: 1, TID: pgtype.TID{BlockNumber: 1, OffsetNumber: 1, Valid: true}}, Token: time.Now()}}
+		policy := FailurePolicy{InitialMillis: 1000, MaxMillis: 1000, MaxAttempts: 10}
 
 		conn, err := pool.Acquire(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		defer conn.Release()
-		for _, sql := range []string{"SET plan_cache_mode = force_generic_plan", "PREPARE claim_plan AS " + claim.SQL} {
-			_, err := conn.Exec(ctx, sql)
+		_, err = conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+		Expect(err).NotTo(HaveOccurred())
+		defer conn.Exec(ctx, "RESET plan_cache_mode") //nolint:errcheck
+		// plan EXPLAINs the statement's generic plan, with its own arguments
+		// written as literals: EXPLAIN EXECUTE takes no bound parameters.
+		plan := func(stmt Statement) string {
+			desc, err := conn.Conn().Prepare(ctx, "drainer_plan", stmt.SQL)
+			Expect(err).NotTo(HaveOccurred(), stmt.SQL)
+			defer conn.Conn().Deallocate(ctx, "drainer_plan") //nolint:errcheck
+			var literals []string
+			for i, arg := range stmt.Args {
+				text, err := conn.Conn().TypeMap().Encode(desc.ParamOIDs[i], pgtype.TextFormatCode, arg, nil)
+				Expect(err).NotTo(HaveOccurred())
+				literals = append(literals, quoteLiteral(string(text)))
+			}
+			rows, err := conn.Query(ctx, "EXPLAIN EXECUTE drainer_plan("+strings.Join(literals, ", ")+")")
 			Expect(err).NotTo(HaveOccurred())
+			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			Expect(err).NotTo(HaveOccurred())
+			return strings.Join(lines, "\n")
 		}
-		defer conn.Exec(ctx, "DEALLOCATE claim_plan; RESET plan_cache_mode")
-		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE claim_plan('d', 100, 10, 30000, 1048576)")
-		Expect(err).NotTo(HaveOccurred())
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		Expect(err).NotTo(HaveOccurred())
-		plan := strings.Join(lines, "\n")
-		Expect(plan).To(ContainSubstring("Index Scan using " + spec.objectName(claimIndexSuffix)))
-		Expect(plan).To(ContainSubstring("Tid Scan"))
-		Expect(plan).NotTo(ContainSubstring("Seq Scan"))
+		claim := plan(t.Claim(claimParams("d", 100)))
+		Expect(claim).To(ContainSubstring("Index Scan using " + spec.objectName(claimIndexSuffix)))
+		Expect(claim).To(ContainSubstring("Tid Scan"))
+		for name, stmt := range map[string]Statement{
+			"claim":     t.Claim(claimParams("d", 100)),
+			"published": t.MarkPublished("d", leases),
+			"failed":    t.RecordFailures("d", leases, []string{"x"}, policy),
+			"released":  t.Release("d", leases),
+			"held":      t.ReleaseHeld("d", 30*time.Second, nil),
+		} {
+			p := plan(stmt)
+			Expect(p).NotTo(ContainSubstring("Seq Scan on "+spec.objectName("")), name)
+		}
 	})
 })

@@ -10,16 +10,37 @@ import (
 
 // Failure reasons, used as metric labels. Each one counts an attempt.
 const (
-	reasonNack         = "nack"
 	reasonReturned     = "returned"
 	reasonOversized    = "oversized"
 	reasonBadHeaders   = "bad_headers"
 	reasonNoRoutingKey = "no_routing_key"
-	maxLastErrorLength = 1000
-	contentTypeJSON    = "application/json"
-	contentTypeBinary  = "application/octet-stream"
-	contentTypePlain   = "text/plain; charset=utf-8"
+	reasonTooLong      = "too_long"
+	// reasonConnectionFailures: the row was in flight through
+	// strikesToFail consecutive broker connection failures.
+	reasonConnectionFailures = "connection_failures"
+	maxLastErrorLength       = 1000
+	contentTypeJSON          = "application/json"
+	contentTypeBinary        = "application/octet-stream"
+	contentTypePlain         = "text/plain; charset=utf-8"
+	// appID is every message's app_id, so consumers can tell who sent it.
+	appID = "spillway"
+	// maxShortString is AMQP's limit on a short string: routing keys,
+	// header keys and message properties. amqp091 closes the connection
+	// rather than send a longer one.
+	maxShortString = 255
 )
+
+// messageLimits are the broker's limits a row is checked against before it
+// is published: a message over them would close the connection, with every
+// confirm in flight, and come back at the head of the next claim.
+type messageLimits struct {
+	// maxPayloadBytes is --max-payload-bytes. RabbitMQ does not tell a
+	// client its max_message_size, so this is the limit set here.
+	maxPayloadBytes int64
+	// frameMax is the connection's negotiated frame size: the headers and
+	// properties travel in one frame, which must fit.
+	frameMax int
+}
 
 // rowFault is why a row cannot be published. It is the row's own fault, so
 // it counts an attempt, and enough of them poison the row.
@@ -43,27 +64,76 @@ func contentTypeFor(payloadType string) string {
 }
 
 // buildMessage turns a claimed row into its routing key and message, or says
-// why the row cannot be published.
-func buildMessage(row Row, contentType string, maxPayloadBytes int64) (string, amqp.Publishing, *rowFault) {
+// why the row cannot be published. The routing key is also the message's
+// type, so consumers can route and audit without parsing the body.
+func buildMessage(row Row, contentType string, limits messageLimits) (string, amqp.Publishing, *rowFault) {
 	if row.Payload == nil {
 		return "", amqp.Publishing{}, &rowFault{reasonOversized,
-			fmt.Sprintf("payload is %d bytes, over the %d-byte limit (maxPayloadBytes)", row.Size, maxPayloadBytes)}
+			fmt.Sprintf("payload is %d bytes, over the %d-byte limit (maxPayloadBytes)", row.Size, limits.maxPayloadBytes)}
 	}
 	if row.RoutingKey == nil {
 		return "", amqp.Publishing{}, &rowFault{reasonNoRoutingKey, "routing key is NULL"}
+	}
+	key := *row.RoutingKey
+	if len(key) > maxShortString {
+		return "", amqp.Publishing{}, &rowFault{reasonTooLong,
+			fmt.Sprintf("routing key is %d bytes, over the AMQP limit of %d: %s", len(key), maxShortString, truncate(key, 80))}
+	}
+	if len(row.ID) > maxShortString {
+		return "", amqp.Publishing{}, &rowFault{reasonTooLong,
+			fmt.Sprintf("id is %d bytes as text, over the AMQP limit of %d for message_id", len(row.ID), maxShortString)}
 	}
 	headers, err := amqpHeaders(row.Headers)
 	if err != nil {
 		return "", amqp.Publishing{}, &rowFault{reasonBadHeaders, "headers: " + err.Error()}
 	}
-	return *row.RoutingKey, amqp.Publishing{
+	// The properties travel in one header frame: its size is the headers'
+	// encoded size, at most four short strings and a few fixed fields.
+	if size := tableSize(headers) + 4*(1+maxShortString) + 64; limits.frameMax > 0 && size > limits.frameMax {
+		return "", amqp.Publishing{}, &rowFault{reasonBadHeaders,
+			fmt.Sprintf("headers take %d bytes encoded, over the broker's frame size of %d", tableSize(headers), limits.frameMax)}
+	}
+	return key, amqp.Publishing{
 		Headers:      headers,
 		ContentType:  contentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    row.ID,
 		Timestamp:    row.EnqueuedAt,
+		Type:         key,
+		AppId:        appID,
 		Body:         row.Payload,
 	}, nil
+}
+
+// tableSize is the AMQP field-table encoding size of headers (what amqp091
+// writes for each type amqpValue produces).
+func tableSize(t amqp.Table) int {
+	n := 4
+	for k, v := range t {
+		n += 1 + len(k) + fieldSize(v)
+	}
+	return n
+}
+
+func fieldSize(v any) int {
+	switch v := v.(type) {
+	case string:
+		return 1 + 4 + len(v)
+	case amqp.Table:
+		return 1 + tableSize(v)
+	case []any:
+		n := 1 + 4
+		for _, e := range v {
+			n += fieldSize(e)
+		}
+		return n
+	case bool:
+		return 2
+	case nil:
+		return 1
+	default: // int64, float64
+		return 9
+	}
 }
 
 // amqpHeaders converts a JSON object into AMQP headers. Integers stay
@@ -98,6 +168,9 @@ func amqpValue(v any) (any, error) {
 	case map[string]any:
 		t := make(amqp.Table, len(v))
 		for k, e := range v {
+			if len(k) > maxShortString {
+				return nil, fmt.Errorf("key %s is %d bytes, over the AMQP limit of %d", truncate(k, 40), len(k), maxShortString)
+			}
 			c, err := amqpValue(e)
 			if err != nil {
 				return nil, fmt.Errorf("%s: %w", k, err)

@@ -2,7 +2,6 @@ package drainer
 
 import (
 	"context"
-	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
@@ -11,9 +10,11 @@ import (
 )
 
 // Migrate makes the spec's table drainable: it creates the canonical table
-// when there is none, or adds the lease columns and attempts an existing
-// table lacks, then the claim index and the published index. It never renames or drops a column, and
-// a second run changes nothing. It returns what it did.
+// when there is none, or adds the columns an existing table lacks (the lease
+// columns, attempts and available_at), then the claim index and the
+// published index, on the table and, for a partitioned or inherited table,
+// on every partition or child. It never renames or drops a column, and a
+// second run changes nothing. It returns what it did.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) ([]string, error) {
 	if errs := spec.Validate(field.NewPath("database")); len(errs) > 0 {
 		return nil, errs.ToAggregate()
@@ -43,45 +44,136 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) ([]string,
 	if err != nil {
 		return nil, err
 	}
-	for _, idx := range []struct {
-		suffix string
-		create Statement
-	}{
-		{claimIndexSuffix, table.ClaimIndex(spec)},
-		{publishedIndexSuffix, table.PublishedIndex(spec)},
-	} {
-		created, err := ensureIndex(ctx, pool, spec, idx.suffix, idx.create)
+	rel, err := lookUpRelation(ctx, pool, spec)
+	if err != nil {
+		return nil, err
+	}
+	for _, def := range []IndexDef{table.ClaimIndex(), table.PublishedIndex()} {
+		created, err := ensureIndex(ctx, pool, def, rel, nil)
 		if err != nil {
 			return nil, err
 		}
-		if created {
-			done = append(done, "created index "+spec.objectName(idx.suffix))
+		done = append(done, created...)
+	}
+	return done, nil
+}
+
+// ensureIndex gives rel the index def unless it has it, valid and of that
+// shape, and then each of rel's partitions or children; a partition's index
+// is attached to parent's. It returns what it created.
+func ensureIndex(ctx context.Context, pool *pgxpool.Pool, def IndexDef, rel Relation, parent *Relation) ([]string, error) {
+	name := rel.objectName(def.Suffix)
+	if parent != nil {
+		// Postgres builds the index itself, under a name of its own, for a
+		// partition added after the parent's index existed.
+		var attached bool
+		check := def.AttachedQuery(*parent, rel)
+		if err := pool.QueryRow(ctx, check.SQL, check.Args...).Scan(&attached); err != nil {
+			return nil, fmt.Errorf("look up index of partition %s: %w", rel, err)
+		}
+		if attached {
+			return nil, nil
+		}
+	}
+	shape, found, err := lookUpIndex(ctx, pool, def, rel)
+	if err != nil {
+		return nil, err
+	}
+	if found && !shape.OnTable {
+		return nil, fmt.Errorf("index %s belongs to another table than %s: rename it, and run migrate again", name, rel)
+	}
+	// A partitioned parent's index is invalid until every partition's is
+	// attached, which is what the rest of this does.
+	if found && (!def.Matches(shape) || (!shape.Valid && !rel.Partitioned)) {
+		if err := execStatement(ctx, pool, def.Drop(rel)); err != nil {
+			return nil, fmt.Errorf("drop index %s, which is invalid or not the one migrate builds: %w", name, err)
+		}
+		found = false
+	}
+	var done []string
+	if !found {
+		if err := execStatement(ctx, pool, def.Create(rel)); err != nil {
+			return nil, fmt.Errorf("create index %s: %w", name, err)
+		}
+		done = append(done, "created index "+name)
+	}
+	children, err := lookUpChildren(ctx, pool, rel)
+	if err != nil {
+		return nil, err
+	}
+	for _, child := range children {
+		var attachTo *Relation
+		if rel.Partitioned {
+			attachTo = &rel
+		}
+		created, err := ensureIndex(ctx, pool, def, child, attachTo)
+		if err != nil {
+			return nil, err
+		}
+		done = append(done, created...)
+	}
+	if parent != nil {
+		if err := execStatement(ctx, pool, def.Attach(*parent, rel)); err != nil {
+			return nil, fmt.Errorf("attach index %s to %s: %w", name, parent.objectName(def.Suffix), err)
 		}
 	}
 	return done, nil
 }
 
-// ensureIndex creates one of spillway's indexes unless a valid one exists,
-// replacing an invalid one left by an interrupted concurrent build.
-func ensureIndex(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, suffix string, create Statement) (bool, error) {
-	name := spec.objectName(suffix)
-	check := spec.IndexValid(suffix)
-	var valid bool
-	err := pool.QueryRow(ctx, check.SQL, check.Args...).Scan(&valid)
-	switch {
-	case err == nil && valid:
-		return false, nil
-	case err == nil:
-		if err := execStatement(ctx, pool, spec.DropIndex(suffix)); err != nil {
-			return false, fmt.Errorf("drop invalid index %s: %w", name, err)
-		}
-	case !errors.Is(err, pgx.ErrNoRows):
-		return false, fmt.Errorf("look up index %s: %w", name, err)
+// lookUpRelation reads the kind of the spec's table.
+func lookUpRelation(ctx context.Context, db Querier, spec TableSpec) (Relation, error) {
+	stmt := spec.RelationQuery()
+	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
+	if err != nil {
+		return Relation{}, fmt.Errorf("look up table %s: %w", spec.Name, err)
 	}
-	if err := execStatement(ctx, pool, create); err != nil {
-		return false, fmt.Errorf("create index %s: %w", name, err)
+	rels, err := pgx.CollectRows(rows, scanRelation)
+	if err != nil {
+		return Relation{}, fmt.Errorf("look up table %s: %w", spec.Name, err)
 	}
-	return true, nil
+	if len(rels) == 0 {
+		return Relation{}, fmt.Errorf("table %s does not exist (run spillway migrate to create it)", spec.Name)
+	}
+	return rels[0], nil
+}
+
+// lookUpChildren reads a relation's partitions or inheriting tables.
+func lookUpChildren(ctx context.Context, db Querier, rel Relation) ([]Relation, error) {
+	stmt := rel.ChildrenQuery()
+	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
+	if err != nil {
+		return nil, fmt.Errorf("look up partitions of %s: %w", rel, err)
+	}
+	children, err := pgx.CollectRows(rows, scanRelation)
+	if err != nil {
+		return nil, fmt.Errorf("look up partitions of %s: %w", rel, err)
+	}
+	return children, nil
+}
+
+func scanRelation(r pgx.CollectableRow) (Relation, error) {
+	var rel Relation
+	return rel, r.Scan(&rel.Schema, &rel.Name, &rel.Partitioned)
+}
+
+// lookUpIndex reads the shape of the index of def's name on rel, if any.
+func lookUpIndex(ctx context.Context, db Querier, def IndexDef, rel Relation) (IndexShape, bool, error) {
+	stmt := def.IndexShapeQuery(rel)
+	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
+	if err != nil {
+		return IndexShape{}, false, fmt.Errorf("look up index %s: %w", rel.objectName(def.Suffix), err)
+	}
+	shapes, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (IndexShape, error) {
+		var s IndexShape
+		return s, r.Scan(&s.OnTable, &s.Valid, &s.Unique, &s.Expressions, &s.Method, &s.Columns, &s.Predicate)
+	})
+	if err != nil {
+		return IndexShape{}, false, fmt.Errorf("look up index %s: %w", rel.objectName(def.Suffix), err)
+	}
+	if len(shapes) == 0 {
+		return IndexShape{}, false, nil
+	}
+	return shapes[0], true, nil
 }
 
 // InstallNotifyTrigger adds the insert trigger that wakes listening drainers

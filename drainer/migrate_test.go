@@ -34,7 +34,7 @@ var _ = Describe("Migrate", Label("integration"), func() {
 		Expect(done).To(ConsistOf("created table "+spec.Name, "created index "+spec.objectName(claimIndexSuffix),
 			"created index "+spec.objectName(publishedIndexSuffix)))
 		before := schemaOf(ctx, spec.Name)
-		Expect(before).To(ContainElement(ContainSubstring("(attempts, enqueued_at) WHERE (published_at IS NULL)")))
+		Expect(before).To(ContainElement(ContainSubstring("(available_at) WHERE (published_at IS NULL)")))
 		Expect(before).To(ContainElement(ContainSubstring("(published_at) WHERE (published_at IS NOT NULL)")))
 		Expect(count(ctx, "pg_class", "oid = to_regclass($1) AND reloptions @> '{fillfactor=50}'", spec.Name)).To(Equal(1),
 			"room on each page for claims to be HOT updates")
@@ -79,6 +79,22 @@ var _ = Describe("Migrate", Label("integration"), func() {
 		Expect(count(ctx, "pg_index", "indexrelid = to_regclass($1) AND indisvalid", "public."+spec.objectName(claimIndexSuffix))).To(Equal(1))
 	})
 
+	It("replaces a claim index of spillway's name but another shape, as an earlier spillway built it", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		index := "public." + spec.objectName(claimIndexSuffix)
+		exec(ctx, "DROP INDEX "+index)
+		exec(ctx, "CREATE INDEX "+spec.objectName(claimIndexSuffix)+" ON "+spec.Name+" (attempts, enqueued_at) WHERE published_at IS NULL")
+		_, err := OpenStore(ctx, pool, spec)
+		Expect(err).To(MatchError(ContainSubstring("is not the index migrate builds: run spillway migrate")))
+
+		done, err := Migrate(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done).To(ConsistOf("created index " + spec.objectName(claimIndexSuffix)))
+		Expect(schemaOf(ctx, spec.Name)).To(ContainElement(ContainSubstring("(available_at) WHERE (published_at IS NULL)")))
+		_, err = OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+	})
+
 	It("refuses a table without a payload column rather than inventing one", func(ctx SpecContext) {
 		name := "public." + testenv.UniqueName("notes")
 		exec(ctx, "CREATE TABLE "+name+" (id bigserial PRIMARY KEY, body text, published_at timestamptz)")
@@ -100,7 +116,7 @@ var _ = Describe("Draining existing tables through the column mapping", Label("i
 		before := schemaOf(ctx, name)
 		_, err := Migrate(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(schemaOf(ctx, name)).To(HaveLen(len(before)+2), "only the claim and published indexes are added")
+		Expect(schemaOf(ctx, name)).To(HaveLen(len(before)+3), "only available_at and the claim and published indexes are added")
 
 		exec(ctx, "INSERT INTO "+name+` (payload) SELECT jsonb_build_object('event_type', 'invoice.paid', 'n', g) FROM generate_series(1, 50) g`)
 		topo := topology("invoice.paid", nil)

@@ -29,9 +29,12 @@ type OutboxStatus struct {
 
 // OutboxStatus renders the count of the backlog and the poisoned rows, and
 // the backlog's oldest age. Its predicates are the claim's (pending is
-// published_at IS NULL, poisoned is attempts >= max), so it reads only the
-// claim index, never the published history; and the age is taken from the
-// database's now(), like every other time the drainer compares.
+// published_at IS NULL; poisoned is attempts >= max, or a due time of
+// 'infinity', which a failure at max sets and only a replay undoes), so it
+// reads only the claim index, never the published history; and the age is
+// taken from the database's now(), like every other time the drainer
+// compares. A table without available_at (not migrated yet) counts by
+// attempts alone.
 func (t *Table) OutboxStatus(maxAttempts int) Statement {
 	return t.BoundedOutboxStatus(maxAttempts, 0)
 }
@@ -41,11 +44,16 @@ func (t *Table) OutboxStatus(maxAttempts int) Statement {
 // is reached the counts and the age are lower bounds: "at least".
 func (t *Table) BoundedOutboxStatus(maxAttempts, limit int) Statement {
 	c := t.cols
-	pending := "attempts < $1"
+	backlog := "attempts < $1"
+	availableAt := "NULL::timestamptz"
+	if c.AvailableAt != "" {
+		backlog += " AND available_at <> 'infinity'"
+		availableAt = q(c.AvailableAt)
+	}
 	enqueuedAt, oldest := "NULL::timestamptz", "NULL::bigint"
 	if c.EnqueuedAt != "" {
 		enqueuedAt = q(c.EnqueuedAt)
-		oldest = "coalesce((extract(epoch FROM now() - min(enqueued_at) FILTER (WHERE " + pending + ")) * 1000)::bigint, 0)"
+		oldest = "coalesce((extract(epoch FROM now() - min(enqueued_at) FILTER (WHERE " + backlog + ")) * 1000)::bigint, 0)"
 	}
 	capped, bound := "false", ""
 	args := []any{maxAttempts}
@@ -54,11 +62,11 @@ func (t *Table) BoundedOutboxStatus(maxAttempts, limit int) Statement {
 		args = append(args, limit)
 	}
 	sql := strings.Join([]string{
-		"SELECT count(*) FILTER (WHERE " + pending + "),",
-		"\tcount(*) FILTER (WHERE NOT (" + pending + ")),",
+		"SELECT count(*) FILTER (WHERE " + backlog + "),",
+		"\tcount(*) FILTER (WHERE NOT (" + backlog + ")),",
 		"\t" + oldest + ",",
 		"\t" + capped,
-		"FROM (SELECT " + q(c.Attempts) + " AS attempts, " + enqueuedAt + " AS enqueued_at",
+		"FROM (SELECT " + q(c.Attempts) + " AS attempts, " + enqueuedAt + " AS enqueued_at, " + availableAt + " AS available_at",
 		"\tFROM " + t.ident + " WHERE " + q(c.PublishedAt) + " IS NULL" + bound + ") pending",
 	}, "\n")
 	return Statement{SQL: sql, Args: args}

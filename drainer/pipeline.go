@@ -18,6 +18,12 @@ type inflight struct {
 	confirm     *amqp.DeferredConfirmation
 	broker      *brokerChannel
 	publishedAt time.Time
+	// size is the message's payload bytes, counted against the pipeline's
+	// byte budget until its confirm.
+	size int64
+	// alone: nothing else was in flight, so a connection failure before its
+	// confirm is pinned on this row.
+	alone bool
 }
 
 // pipeline is phase 2's window: the rows published and awaiting their
@@ -29,10 +35,12 @@ type inflight struct {
 type pipeline struct {
 	d        *Drainer
 	inflight []inflight
-	confirms int // entries awaiting a confirm
+	confirms int   // entries awaiting a confirm
+	bytes    int64 // their payload bytes
 	settle   chan<- *batch
-	// stopBy, once shutdown has begun, cuts every confirm wait short.
-	stopBy time.Time
+	// hardStop is closed when shutdown allows no more waiting: every confirm
+	// still awaited is given up.
+	hardStop <-chan struct{}
 }
 
 // add puts a row's entry at the back of the window.
@@ -40,6 +48,7 @@ func (p *pipeline) add(e inflight) {
 	p.inflight = append(p.inflight, e)
 	if e.confirm != nil {
 		p.confirms++
+		p.bytes += e.size
 		p.d.metrics.InFlight.Set(float64(p.confirms))
 	}
 	p.passKnown()
@@ -53,17 +62,20 @@ func (p *pipeline) passKnown() {
 	}
 }
 
-// pass records a row's outcome and hands a completed batch to phase 3.
+// pass records a row's outcome and hands a completed batch to phase 3. The
+// hand-off waits while phase 3 is behind: the claim loop then makes no
+// progress, which /healthz reports once it lasts longer than a lease.
 func (p *pipeline) pass(e inflight) {
 	e.batch.outcomes[e.index] = e.outcome
-	if e.index == len(e.batch.rows)-1 {
+	if e.index == len(e.batch.claim.Rows)-1 {
 		p.settle <- e.batch
 	}
 }
 
-// waitOldest waits for the oldest confirm, its deadline, or wake, whichever
-// comes first, and resolves the oldest unless wake came first. It reports
-// whether it resolved one. With nothing in flight it only waits for wake.
+// waitOldest waits for the oldest confirm, its deadline, the hard stop, or
+// wake, whichever comes first, and resolves the oldest unless wake came
+// first. It reports whether it resolved one. With nothing in flight it only
+// waits for wake.
 func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
 	if len(p.inflight) == 0 {
 		<-wake
@@ -74,23 +86,23 @@ func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
 	select {
 	case <-oldest.confirm.Done():
 	default:
-		at := oldest.publishedAt.Add(p.d.cfg.confirmTimeout())
-		if !p.stopBy.IsZero() && p.stopBy.Before(at) {
-			at, timedOut = p.stopBy, releaseShutdown
-		}
-		deadline := time.NewTimer(time.Until(at))
+		deadline := time.NewTimer(time.Until(oldest.publishedAt.Add(p.d.cfg.confirmTimeout())))
 		defer deadline.Stop()
 		select {
 		case <-oldest.confirm.Done():
 		case <-deadline.C:
+		case <-p.hardStop:
+			timedOut = releaseShutdown
 		case <-wake:
 			return false
 		}
 	}
 	p.inflight = p.inflight[1:]
 	p.confirms--
+	p.bytes -= oldest.size
 	p.d.metrics.InFlight.Set(float64(p.confirms))
 	oldest.outcome = p.d.classify(oldest, timedOut)
+	p.d.liveness.beat(0)
 	p.pass(oldest)
 	p.passKnown()
 	return true
@@ -104,6 +116,7 @@ func (p *pipeline) waitFor(wake <-chan struct{}) {
 
 // sleep resolves confirms for d, or until ctx ends.
 func (p *pipeline) sleep(ctx context.Context, d time.Duration) {
+	p.d.liveness.beat(d)
 	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	p.waitFor(ctx.Done())
@@ -112,6 +125,7 @@ func (p *pipeline) sleep(ctx context.Context, d time.Duration) {
 // idle resolves confirms for up to d, or until ctx ends or wake fires. It
 // reports whether wake fired.
 func (p *pipeline) idle(ctx context.Context, d time.Duration, wake <-chan struct{}) bool {
+	p.d.liveness.beat(d)
 	ctx, cancel := context.WithTimeout(ctx, d)
 	var woke atomic.Bool
 	watched := make(chan struct{})
@@ -132,9 +146,11 @@ func (p *pipeline) idle(ctx context.Context, d time.Duration, wake <-chan struct
 	return woke.Load()
 }
 
-// makeRoom resolves confirms until fewer than depth are in flight.
-func (p *pipeline) makeRoom(depth int) {
-	for p.confirms >= depth {
+// makeRoom resolves confirms until a message of size bytes fits: fewer than
+// depth confirms in flight, and their bytes within maxBytes. A message larger
+// than maxBytes is published alone.
+func (p *pipeline) makeRoom(depth int, maxBytes, size int64) {
+	for p.confirms >= depth || (p.confirms > 0 && p.bytes+size > maxBytes) {
 		p.waitOldest(nil)
 	}
 }

@@ -2,7 +2,10 @@ package drainer
 
 import (
 	"context"
+	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"time"
@@ -50,12 +53,14 @@ var _ = Describe("Retention", Label("integration"), func() {
 	It("deletes only what its windows allow", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		topo := topology("#", nil)
+		// A live lease is a claim whose due time is still ahead: the lease's end.
 		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, enqueued_at, published_at, claimed_at, claimed_by, attempts) VALUES
 			('old.published',   '{}', now() - interval '3 hours', now() - interval '2 hours', NULL, NULL, 0),
 			('young.published', '{}', now() - interval '3 hours', now() - interval '30 minutes', NULL, NULL, 0),
 			('old.poisoned',    '{}', now() - interval '5 days', NULL, NULL, NULL, 10),
 			('old.leased',      '{}', now() - interval '5 days', NULL, now(), 'drainer-z', 0),
 			('young.poisoned',  '{}', now() - interval '1 hour', NULL, NULL, NULL, 10)`)
+		exec(ctx, "UPDATE "+spec.Name+" SET available_at = now() + interval '30 seconds' WHERE event_type = 'old.leased'")
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
 		published, unpublished := time.Hour, 24*time.Hour
 		cfg.Retention = Retention{Published: &published, UnpublishedMaxAge: &unpublished, Interval: 50 * time.Millisecond, BatchSize: 1}
@@ -74,6 +79,8 @@ var _ = Describe("Retention", Label("integration"), func() {
 		exec(ctx, `CREATE TABLE `+name+` (id bigserial PRIMARY KEY, payload jsonb NOT NULL, event_type text,
 			published_at timestamptz, claimed_at timestamptz, claimed_by text, attempts int NOT NULL DEFAULT 0)`)
 		dropAfterTest(name)
+		_, err := Migrate(ctx, pool, TableSpec{Name: name})
+		Expect(err).NotTo(HaveOccurred())
 		cfg := testConfig("drainer-a", TableSpec{Name: name}, "amq.topic")
 		day := 24 * time.Hour
 		cfg.Retention.UnpublishedMaxAge = &day
@@ -142,6 +149,47 @@ var _ = Describe("Graceful shutdown", Label("integration"), func() {
 		published := count(ctx, spec.Name, "published_at IS NOT NULL")
 		Expect(published).To(BeNumerically("<", 20_000), "stopped mid-drain")
 		Expect(testenv.QueueDepth(amqpChannel(), topo.Queue)).To(BeNumerically(">=", published), "every row marked published was confirmed")
+	})
+})
+
+var _ = Describe("Liveness", Label("integration"), func() {
+	healthz := func(srv *httptest.Server) func() (int, string) {
+		return func() (int, string) {
+			resp, err := http.Get(srv.URL + "/healthz")
+			Expect(err).NotTo(HaveOccurred())
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(body)
+		}
+	}
+
+	It("answers /healthz ok while the claim loop drains and idles for many leases, with polls longer than the lease", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		seed(ctx, spec.Name, 2000)
+		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		// The shortest lease depth 4 allows, and an idle wait three times it.
+		cfg.PipelineDepth, cfg.LeaseTTL, cfg.PollInterval = 4, 1200*time.Millisecond, 3600*time.Millisecond
+		d := startDrainer(ctx, cfg)
+		srv := httptest.NewServer(probeMux(d.reg, d.Drainer))
+		DeferCleanup(srv.Close)
+		Consistently(func() int { code, _ := healthz(srv)(); return code }, 10*time.Second, 20*time.Millisecond).Should(Equal(200))
+		Expect(count(ctx, spec.Name, "published_at IS NULL")).To(BeZero(), "it drained, then idled")
+	})
+
+	It("fails /healthz once the claim loop has made no progress for longer than a lease, and says so", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		cfg := testConfig("drainer-a", spec, "amq.topic")
+		cfg.PipelineDepth, cfg.LeaseTTL = 1, 300*time.Millisecond
+		// Built and never run: its claim loop makes no progress at all.
+		d := newDrainer(ctx, cfg)
+		srv := httptest.NewServer(probeMux(d.reg, d.Drainer))
+		DeferCleanup(srv.Close)
+		code, _ := healthz(srv)()
+		Expect(code).To(Equal(200), "alive for a lease after it was built")
+		Eventually(func() int { code, _ := healthz(srv)(); return code }, 2*time.Second, 20*time.Millisecond).Should(Equal(503))
+		_, body := healthz(srv)()
+		Expect(body).To(ContainSubstring("claim loop has made no progress for"))
 	})
 })
 

@@ -41,6 +41,7 @@ func (s *secretDir) write(url string) {
 	Expect(os.Rename(tmp, filepath.Join(s.dir, "..data"))).To(Succeed())
 }
 
+// rabbitmqctl runs one rabbitmqctl command and returns its output.
 func rabbitmqctl(args ...string) string {
 	out, err := osexec.Command("rabbitmqctl", args...).CombinedOutput()
 	Expect(err).NotTo(HaveOccurred(), "rabbitmqctl %v: %s", args, out)

@@ -7,17 +7,51 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
 // Row is one claimed outbox row.
 type Row struct {
 	ID string
+	// At is where this claim's version of the row lives; settles find it
+	// there.
+	At Locator
 	// Payload is nil when the row is over the size limit; Size says by how much.
 	Payload    []byte
 	Size       int64
 	RoutingKey *string
 	Headers    []byte
 	EnqueuedAt time.Time
+}
+
+// Claim is what one claim took: its rows, in due order, and its token.
+type Claim struct {
+	Rows []Row
+	// Token is the claim's transaction time, stamped in claimed_at: every
+	// settle of its rows is fenced on it.
+	Token time.Time
+	// Due is the number of rows that were due and live when the claim ran,
+	// up to the batch size; more than len(Rows) means the byte budget cut
+	// the claim short, and more rows are waiting.
+	Due int
+}
+
+// Full reports whether the claim took all it could, so that more rows are
+// likely due: a full batch, or a claim its byte budget cut short.
+func (c Claim) Full(batchSize int) bool {
+	return len(c.Rows) >= batchSize || (len(c.Rows) > 0 && len(c.Rows) < c.Due)
+}
+
+// lease is how a settle refers to row i of the claim.
+func (c Claim) lease(i int) Lease { return Lease{Row: c.Rows[i].At, Token: c.Token} }
+
+// Leases are the claim's rows as a settle refers to them.
+func (c Claim) Leases() []Lease {
+	leases := make([]Lease, len(c.Rows))
+	for i := range c.Rows {
+		leases[i] = c.lease(i)
+	}
+	return leases
 }
 
 // Store runs the table's statements on a pgx pool. It holds no transaction
@@ -41,6 +75,11 @@ func ConnectPool(ctx context.Context, src URLSource, drainerID string, synchrono
 		return nil, err
 	}
 	cfg.ConnConfig.RuntimeParams["application_name"] = "spillway-drainer/" + drainerID
+	// Every statement the drainer runs is built to be planned once for any
+	// parameters (the specs pin the claim's and the settles' generic plans);
+	// left to choose, Postgres kept planning the claim afresh for each
+	// execution, which cost about a third of the claim.
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
 	if !synchronousCommit {
 		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
 	}
@@ -99,61 +138,110 @@ type Querier interface {
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 }
 
-// OpenStore resolves the spec against the live table.
+// OpenStore resolves the spec against the live table, and checks that
+// migrate has made it drainable: a drainer on a table without its due-time
+// column or its claim index would claim nothing or scan the table on every
+// claim.
 func OpenStore(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) (*Store, error) {
 	cols, err := Catalog(ctx, pool, spec)
 	if err != nil {
 		return nil, err
 	}
-	return storeOver(pool, spec, cols)
-}
-
-// storeOver resolves the spec against catalog columns already read.
-func storeOver(pool *pgxpool.Pool, spec TableSpec, cols []CatalogColumn) (*Store, error) {
 	table, err := ResolveTable(spec, cols)
 	if err != nil {
+		return nil, &UnusableTableError{Err: err}
+	}
+	if err := checkDrainable(ctx, pool, spec, table); err != nil {
 		return nil, err
 	}
 	return &Store{pool: pool, table: table}, nil
 }
 
+// UnusableTableError is a table the drainer cannot drain as it is: waiting
+// will not change it, running migrate or fixing the mapping will.
+type UnusableTableError struct{ Err error }
+
+func (e *UnusableTableError) Error() string { return e.Err.Error() }
+func (e *UnusableTableError) Unwrap() error { return e.Err }
+
+// checkDrainable refuses a table migrate has not finished: no due-time
+// column, a nullable one, or a claim or published index missing, invalid,
+// or of another shape than migrate builds.
+func checkDrainable(ctx context.Context, db Querier, spec TableSpec, t *Table) error {
+	path := field.NewPath("database")
+	if t.cols.AvailableAt == "" {
+		return &UnusableTableError{Err: field.NotFound(path.Child("columns", "availableAt"),
+			fmt.Sprintf("%s in %s: every row's due time; run spillway migrate, which adds it", spec.Columns.physical("availableAt"), t.name))}
+	}
+	if !t.dueNotNull {
+		return &UnusableTableError{Err: field.Invalid(path.Child("columns", "availableAt"), t.cols.AvailableAt,
+			fmt.Sprintf("must be NOT NULL with a default (now()) in %s: a row with a NULL due time would never be claimed", t.name))}
+	}
+	rel, err := lookUpRelation(ctx, db, spec)
+	if err != nil {
+		return err
+	}
+	for _, def := range []IndexDef{t.ClaimIndex(), t.PublishedIndex()} {
+		shape, found, err := lookUpIndex(ctx, db, def, rel)
+		if err != nil {
+			return err
+		}
+		problem := ""
+		switch {
+		case !found:
+			problem = "is missing"
+		case !def.Matches(shape):
+			problem = "is not the index migrate builds"
+		case !shape.Valid:
+			problem = "is not valid (an interrupted build, or a partition without it)"
+		}
+		if problem != "" {
+			return &UnusableTableError{Err: fmt.Errorf("index %s on %s %s: run spillway migrate", rel.objectName(def.Suffix), t.name, problem)}
+		}
+	}
+	return nil
+}
+
 // Table is the resolved outbox table.
 func (s *Store) Table() *Table { return s.table }
 
-// Claim runs phase 1: one statement, its own short transaction.
-func (s *Store) Claim(ctx context.Context, p ClaimParams) ([]Row, error) {
+// Claim runs phase 1: one statement, its own short transaction. The error
+// may come after the claim committed, its result unread: see ReleaseHeld.
+func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	stmt := s.table.Claim(p)
 	rows, err := s.pool.Query(ctx, stmt.SQL, stmt.Args...)
 	if err != nil {
-		return nil, fmt.Errorf("claim batch: %w", err)
+		return Claim{}, fmt.Errorf("claim batch: %w", err)
 	}
+	var c Claim
 	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
 		var row Row
-		return row, r.Scan(&row.ID, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt)
+		return row, r.Scan(&row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &c.Due)
 	})
 	if err != nil {
-		return nil, fmt.Errorf("claim batch: %w", err)
+		return Claim{}, fmt.Errorf("claim batch: %w", err)
 	}
-	return claimed, nil
+	c.Rows = claimed
+	return c, nil
 }
 
 // Settlement is phase 3's input: what became of each claimed row.
 type Settlement struct {
-	Published []string
-	Failed    []string
-	Reasons   []string // one per Failed id
-	Released  []string
+	Published []Lease
+	Failed    []Lease
+	Reasons   []string // one per Failed lease
+	Released  []Lease
 }
 
 // Settled counts the rows each statement changed. Fewer than asked means the
-// lease was taken over by another drainer in the meantime.
+// lease was taken over by another claim in the meantime.
 type Settled struct {
 	Published, Failed, Released int64
 }
 
 // Settle runs phase 3 as one round trip: at most one statement per outcome,
 // in one implicit transaction.
-func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, b Backoff) (Settled, error) {
+func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, f FailurePolicy) (Settled, error) {
 	var stmts []Statement
 	var counts []*int64
 	var done Settled
@@ -161,7 +249,7 @@ func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, b B
 		stmts, counts = append(stmts, s.table.MarkPublished(drainerID, st.Published)), append(counts, &done.Published)
 	}
 	if len(st.Failed) > 0 {
-		stmts, counts = append(stmts, s.table.RecordFailures(drainerID, st.Failed, st.Reasons, b)), append(counts, &done.Failed)
+		stmts, counts = append(stmts, s.table.RecordFailures(drainerID, st.Failed, st.Reasons, f)), append(counts, &done.Failed)
 	}
 	if len(st.Released) > 0 {
 		stmts, counts = append(stmts, s.table.Release(drainerID, st.Released)), append(counts, &done.Released)
@@ -188,9 +276,10 @@ func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, b B
 	return done, nil
 }
 
-// ReleaseAll frees every claim held under drainerID.
-func (s *Store) ReleaseAll(ctx context.Context, drainerID string) (int64, error) {
-	stmt := s.table.ReleaseAll(drainerID)
+// ReleaseHeld frees every claim held under drainerID but those of the claims
+// whose tokens are kept, and returns how many rows it freed.
+func (s *Store) ReleaseHeld(ctx context.Context, drainerID string, lease time.Duration, keep []time.Time) (int64, error) {
+	stmt := s.table.ReleaseHeld(drainerID, lease, keep)
 	tag, err := s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
 	if err != nil {
 		return 0, fmt.Errorf("release claims of %s: %w", drainerID, err)

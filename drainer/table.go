@@ -1,14 +1,13 @@
 package drainer
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"regexp"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
 
@@ -66,7 +65,10 @@ var contract = []logicalColumn{
 	{flag: "payload", canonical: "payload", required: true, sqlType: "jsonb NOT NULL", field: func(c *Columns) *string { return &c.Payload }},
 	{flag: "headers", canonical: "headers", sqlType: "jsonb", field: func(c *Columns) *string { return &c.Headers }},
 	{flag: "enqueuedAt", canonical: "enqueued_at", sqlType: "timestamptz NOT NULL DEFAULT now()", field: func(c *Columns) *string { return &c.EnqueuedAt }},
-	{flag: "availableAt", canonical: "available_at", sqlType: "timestamptz NOT NULL DEFAULT now()", field: func(c *Columns) *string { return &c.AvailableAt }},
+	// available_at is every row's due time: the claim orders and indexes by
+	// it, and a lease, a backoff and a poison are values of it. Postgres 11
+	// and later add it with its default without rewriting the table.
+	{flag: "availableAt", canonical: "available_at", sqlType: "timestamptz NOT NULL DEFAULT now()", migrate: true, field: func(c *Columns) *string { return &c.AvailableAt }},
 	{flag: "publishedAt", canonical: "published_at", required: true, sqlType: "timestamptz", field: func(c *Columns) *string { return &c.PublishedAt }},
 	{flag: "claimedAt", canonical: "claimed_at", required: true, sqlType: "timestamptz", migrate: true, field: func(c *Columns) *string { return &c.ClaimedAt }},
 	{flag: "claimedBy", canonical: "claimed_by", required: true, sqlType: "text", migrate: true, field: func(c *Columns) *string { return &c.ClaimedBy }},
@@ -100,6 +102,17 @@ func (c Columns) name(lc logicalColumn) string {
 		return n
 	}
 	return lc.canonical
+}
+
+// physical is the physical name the spec asks for of the logical column
+// named flag, as in --columns.
+func (c Columns) physical(flag string) string {
+	for _, lc := range contract {
+		if lc.flag == flag {
+			return c.name(lc)
+		}
+	}
+	panic("no logical column " + flag)
 }
 
 // QualifiedName splits the spec's table name into schema and table.
@@ -168,6 +181,9 @@ type Table struct {
 	idType      string
 	payloadType string
 	routingKey  RoutingKey
+	// dueNotNull says the available_at column refuses NULL: a row with a
+	// NULL due time would never be claimed.
+	dueNotNull bool
 }
 
 // idTypes are the id column types the drainer can round-trip through text.
@@ -190,8 +206,9 @@ func ResolveTable(spec TableSpec, catalog []CatalogColumn) (*Table, error) {
 		return nil, fmt.Errorf("table %s does not exist (run spillway migrate to create it)", qualified)
 	}
 	types := make(map[string]string, len(catalog))
+	notNull := make(map[string]bool, len(catalog))
 	for _, c := range catalog {
-		types[c.Name] = c.Type
+		types[c.Name], notNull[c.Name] = c.Type, c.NotNull
 	}
 	t := &Table{
 		ident:      pgx.Identifier{schema, name}.Sanitize(),
@@ -217,6 +234,7 @@ func ResolveTable(spec TableSpec, catalog []CatalogColumn) (*Table, error) {
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
 	}
+	t.dueNotNull = t.cols.AvailableAt != "" && notNull[t.cols.AvailableAt]
 	if idType, ok := idTypes[baseType(types[t.cols.ID])]; ok {
 		t.idType = idType
 	} else {
@@ -273,44 +291,63 @@ type ClaimParams struct {
 	MaxAttempts     int
 	LeaseMillis     int64
 	MaxPayloadBytes int64
+	// MaxClaimBytes is the claim's byte budget: it stops adding rows at the
+	// first whose payload would take it over, so a row larger than the
+	// budget is claimed alone.
+	MaxClaimBytes int64
 }
 
-// Claim renders phase 1. The index that migrate creates is on
-// (attempts, enqueued order) over pending rows, and the ORDER BY matches it:
-// the range attempts < max never reaches poisoned rows, and fresh rows come
-// before retries, so neither poison nor rows in backoff pile up in front of
-// the live rows as the table ages.
+// Claim renders phase 1, on a table whose every row carries its due time in
+// available_at: a fresh row is due when it is enqueued, a row in backoff when
+// its backoff ends, a claimed row when its lease expires (the claim moves its
+// due time a lease ahead), and a poisoned row never ('infinity'). The claim
+// takes due rows in due order, so a retried row waits only behind rows that
+// were due before it, whatever the fresh backlog. Through the claim index on
+// (available_at) over pending rows it reads only due rows: rows in backoff,
+// poisoned rows, rows leased by others and published history all lie past
+// now() or outside the index, so a claim costs O(batch) however many of them
+// pile up.
 //
-// The update finds the locked rows by ctid, which cannot change while the
-// row lock is held: a TID scan instead of a primary-key probe per row, which
-// grows with the table. The ctids are an array rather than a join, so that
-// even a generic plan, whose LIMIT is unknown, cannot pick a hash join over
-// the whole table.
+// The statement, step by step:
+//   - due: up to a batch of due rows, locked, in due order. A row at
+//     maxAttempts whose due time is finite (poisoned before due times
+//     existed, or maxAttempts lowered) is due but not live.
+//   - budget: walks the live rows in order, adding each payload's size, and
+//     stops at the first row that would take the claim over its byte
+//     budget; the first row is always taken. Only the rows it walks are
+//     sized, so a large backlog of large payloads costs one row each.
+//   - taken: the rows within the budget. The rest stay unclaimed and are
+//     unlocked at commit.
+//   - poisoned: the due rows that are not live get 'infinity', so that no
+//     claim walks over them again.
+//   - the update stamps the lease; claimed_by names the drainer and
+//     claimed_at, the claim's transaction time, is the claim's token: every
+//     settle is fenced on both.
+//
+// Rows are found again by table oid and ctid, which cannot change while the
+// row lock is held: a TID scan, not a primary-key probe per row. A ctid
+// names a row only within one table, and a partition or an inheriting child
+// numbers its own, so the oid goes with it. The ctids are also given as an
+// array, so that even a generic plan, whose LIMIT is unknown, stays a TID
+// scan rather than a join over the whole table.
 //
 // A payload over the size limit comes back as NULL with its size, so an
-// oversized row is never loaded into memory.
+// oversized row is never loaded into memory; it counts nothing against the
+// budget.
+//
+// Each row returns the number of live rows that were due, so the drainer can
+// tell a claim cut short by its budget from an outbox with nothing more due.
 func (t *Table) Claim(p ClaimParams) Statement {
 	c := t.cols
-	var where []string
-	where = append(where, q(c.PublishedAt)+" IS NULL", q(c.Attempts)+" < $3")
-	if c.AvailableAt != "" {
-		where = append(where, q(c.AvailableAt)+" <= now()")
-	}
-	where = append(where, fmt.Sprintf("(%s IS NULL OR %s < now() - $4 * interval '1 millisecond')", q(c.ClaimedAt), q(c.ClaimedAt)))
-
-	args := []any{p.DrainerID, p.BatchSize, p.MaxAttempts, p.LeaseMillis, p.MaxPayloadBytes}
+	args := []any{p.DrainerID, p.BatchSize, p.MaxAttempts, p.LeaseMillis, p.MaxPayloadBytes, p.MaxClaimBytes}
 	routingKey := "o." + q(t.routingKey.Column) + "::text"
 	switch {
 	case t.routingKey.PayloadField != "":
 		args = append(args, t.routingKey.PayloadField)
-		routingKey = "o." + q(c.Payload) + " ->> $6::text"
+		routingKey = "o." + q(c.Payload) + " ->> $7::text"
 	case t.routingKey.Constant != "":
 		args = append(args, t.routingKey.Constant)
-		routingKey = "$6::text"
-	}
-	size := "octet_length(o." + q(c.Payload) + ")"
-	if t.payloadType == "jsonb" || t.payloadType == "json" {
-		size = "octet_length(o." + q(c.Payload) + "::text)"
+		routingKey = "$7::text"
 	}
 	headers, enqueued := "NULL::jsonb", "now()"
 	if c.Headers != "" {
@@ -319,264 +356,169 @@ func (t *Table) Claim(p ClaimParams) Statement {
 	if c.EnqueuedAt != "" {
 		enqueued = "o." + q(c.EnqueuedAt)
 	}
-	sql := fmt.Sprintf(`UPDATE %[1]s AS o SET %[5]s = now(), %[6]s = $1
-WHERE o.ctid = ANY(ARRAY(
-	SELECT ctid FROM %[1]s
-	WHERE %[3]s
-	ORDER BY %[4]s
+	sql := fmt.Sprintf(`WITH RECURSIVE due AS MATERIALIZED (
+	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[4]s < $3 AS live
+	FROM %[1]s
+	WHERE %[5]s IS NULL AND %[3]s <= now()
+	ORDER BY %[3]s
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
-))
-RETURNING o.%[2]s::text, CASE WHEN %[7]s <= $5 THEN o.%[8]s END, %[7]s, %[9]s, %[10]s, %[11]s`,
-		t.ident, q(c.ID), strings.Join(where, "\n\t  AND "), t.claimOrder(),
-		q(c.ClaimedAt), q(c.ClaimedBy), size, q(c.Payload), routingKey, headers, enqueued)
+),
+queue AS MATERIALIZED (
+	SELECT coalesce(array_agg(toid ORDER BY due_at), '{}') AS toids, coalesce(array_agg(tid ORDER BY due_at), '{}') AS tids
+	FROM due WHERE live
+),
+budget(n, bytes) AS (
+	SELECT 0, 0::bigint
+	UNION ALL
+	SELECT b.n + 1, b.bytes + r.size
+	FROM budget b, queue q, LATERAL (
+		SELECT CASE WHEN %[6]s <= $5 THEN %[6]s ELSE 0 END AS size
+		FROM %[1]s o WHERE o.tableoid = q.toids[b.n + 1] AND o.ctid = q.tids[b.n + 1]
+	) r
+	WHERE b.n < cardinality(q.tids) AND (b.n = 0 OR b.bytes + r.size <= $6)
+),
+taken AS (
+	SELECT unnest(q.toids[1:b.n]) AS toid, unnest(q.tids[1:b.n]) AS tid
+	FROM queue q, (SELECT max(n) AS n FROM budget) b
+),
+poisoned AS (
+	UPDATE %[1]s AS o SET %[3]s = 'infinity', %[7]s = NULL, %[8]s = NULL
+	WHERE %[9]s
+)
+UPDATE %[1]s AS o SET %[7]s = now(), %[8]s = $1, %[3]s = now() + $4 * interval '1 millisecond'
+WHERE %[10]s
+RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN %[6]s <= $5 THEN o.%[11]s END, %[6]s, %[12]s, %[13]s, %[14]s,
+	(SELECT cardinality(tids) FROM queue)`,
+		t.ident, q(c.ID), q(c.AvailableAt), q(c.Attempts), q(c.PublishedAt), t.payloadSize(),
+		q(c.ClaimedAt), q(c.ClaimedBy), locatedIn("due WHERE NOT live"), locatedIn("taken"),
+		q(c.Payload), routingKey, headers, enqueued)
 	return Statement{SQL: sql, Args: args}
 }
 
-// claimOrder is the ORDER BY of the claim and the key of the claim index.
-func (t *Table) claimOrder() string {
-	order := q(t.cols.Attempts)
-	if t.cols.EnqueuedAt != "" {
-		return order + ", " + q(t.cols.EnqueuedAt)
+// payloadSize is the size of the target row's payload as the drainer
+// receives it: a JSON payload as its text.
+func (t *Table) payloadSize() string {
+	if t.payloadType == "jsonb" || t.payloadType == "json" {
+		return "octet_length(o." + q(t.cols.Payload) + "::text)"
 	}
-	return order + ", " + q(t.cols.ID)
+	return "octet_length(o." + q(t.cols.Payload) + ")"
 }
 
-// ids is the ANY(...) operand matching ids passed as text.
-func (t *Table) ids(param string) string {
-	return fmt.Sprintf("ANY(%s::text[]::%s[])", param, t.idType)
+// locatedIn matches the target rows (alias o) whose table oid and ctid are
+// listed by a query over from, which selects toid and tid.
+func locatedIn(from string) string {
+	return fmt.Sprintf("o.ctid = ANY(ARRAY(SELECT tid FROM %[1]s)) AND (o.tableoid, o.ctid) IN (SELECT toid, tid FROM %[1]s)", from)
 }
 
-// fence guards every settle statement: a drainer whose lease was taken over
-// changes nothing.
-func (t *Table) fence(param string) string {
-	return fmt.Sprintf("%s = %s AND %s IS NULL", q(t.cols.ClaimedBy), param, q(t.cols.PublishedAt))
+// Locator is where the version of a row that a claim returned lives: its
+// table's oid (a partition's, for a partitioned outbox) and its ctid.
+type Locator struct {
+	Table uint32
+	TID   pgtype.TID
+}
+
+// Lease is one claimed row as its claim holds it: the row's locator and the
+// claim's token. A settle changes the row only while both still match, so a
+// row whose lease expired and was claimed again, even by the same drainer,
+// is left to its new claim.
+type Lease struct {
+	Row   Locator
+	Token time.Time
+}
+
+// leaseArgs splits leases into the parallel arrays that settle statements
+// unnest.
+func leaseArgs(leases []Lease) (tables []uint32, tids []pgtype.TID, tokens []time.Time) {
+	for _, l := range leases {
+		tables, tids, tokens = append(tables, l.Row.Table), append(tids, l.Row.TID), append(tokens, l.Token)
+	}
+	return tables, tids, tokens
+}
+
+// settle renders one settle statement: set applies to the rows of leases
+// that this drainer still holds under the same claim. args follow the
+// drainer ID as $5...; reasons, when given, ride along with each lease as
+// s.reason.
+func (t *Table) settle(drainerID string, leases []Lease, set []string, reasons []string, args ...any) Statement {
+	tables, tids, tokens := leaseArgs(leases)
+	all := append([]any{tables, tids, tokens, drainerID}, args...)
+	from := "unnest($1::oid[], $2::tid[], $3::timestamptz[]) AS s(toid, tid, token)"
+	if reasons != nil {
+		all = append(all, reasons)
+		from = fmt.Sprintf("unnest($1::oid[], $2::tid[], $3::timestamptz[], $%d::text[]) AS s(toid, tid, token, reason)", len(all))
+	}
+	c := t.cols
+	return Statement{
+		SQL: fmt.Sprintf(`UPDATE %s AS o SET %s
+FROM %s
+WHERE o.ctid = ANY($2::tid[]) AND o.tableoid = s.toid AND o.ctid = s.tid
+	AND o.%s = $4 AND o.%s = s.token AND o.%s IS NULL`,
+			t.ident, strings.Join(set, ", "), from, q(c.ClaimedBy), q(c.ClaimedAt), q(c.PublishedAt)),
+		Args: all,
+	}
 }
 
 // MarkPublished renders the settle of confirmed rows.
-func (t *Table) MarkPublished(drainerID string, ids []string) Statement {
-	return Statement{
-		SQL: fmt.Sprintf("UPDATE %s SET %s = now() WHERE %s = %s AND %s",
-			t.ident, q(t.cols.PublishedAt), q(t.cols.ID), t.ids("$1"), t.fence("$2")),
-		Args: []any{ids, drainerID},
-	}
+func (t *Table) MarkPublished(drainerID string, leases []Lease) Statement {
+	return t.settle(drainerID, leases, []string{q(t.cols.PublishedAt) + " = now()"}, nil)
 }
 
-// Backoff is the capped exponential retry delay for failed rows.
-type Backoff struct {
-	Initial, Max int64 // milliseconds
+// FailurePolicy is what a failed attempt costs a row: the capped exponential
+// delay before its next attempt, and the attempts after which it is poisoned.
+type FailurePolicy struct {
+	InitialMillis, MaxMillis int64
+	MaxAttempts              int
 }
 
 // RecordFailures renders the settle of rows the broker refused or that cannot
-// be published: attempts + 1, last_error, and the next available_at at
-// min(initial × 2^attempts, max) from the database's now(). The exponent is
-// capped so a long-failing row cannot overflow the interval.
-func (t *Table) RecordFailures(drainerID string, ids, reasons []string, b Backoff) Statement {
+// be published: attempts + 1, last_error, and the next due time, at
+// min(initial × 2^attempts, max) from the database's now(), or 'infinity'
+// once the row has used its attempts: it is poisoned. The exponent is capped
+// so a long-failing row cannot overflow the interval.
+func (t *Table) RecordFailures(drainerID string, leases []Lease, reasons []string, f FailurePolicy) Statement {
 	c := t.cols
 	set := []string{
 		fmt.Sprintf("%[1]s = o.%[1]s + 1", q(c.Attempts)),
 		q(c.ClaimedAt) + " = NULL",
 		q(c.ClaimedBy) + " = NULL",
+		fmt.Sprintf(`%s = CASE WHEN o.%s + 1 >= $7 THEN 'infinity'::timestamptz
+		ELSE now() + least($5 * interval '1 millisecond' * power(2, least(o.%s, 30)), $6 * interval '1 millisecond') END`,
+			q(c.AvailableAt), q(c.Attempts), q(c.Attempts)),
 	}
 	if c.LastError != "" {
-		set = append(set, q(c.LastError)+" = f.reason")
+		set = append(set, q(c.LastError)+" = s.reason")
 	}
-	if c.AvailableAt != "" {
-		set = append(set, fmt.Sprintf("%s = now() + least($4 * interval '1 millisecond' * power(2, least(o.%s, 30)), $5 * interval '1 millisecond')",
-			q(c.AvailableAt), q(c.Attempts)))
-	}
-	return Statement{
-		SQL: fmt.Sprintf(`UPDATE %s AS o SET %s
-FROM unnest($1::text[], $2::text[]) AS f(id, reason)
-WHERE o.%s = f.id::%s AND o.%s`,
-			t.ident, strings.Join(set, ", "), q(c.ID), t.idType, t.fence("$3")),
-		Args: []any{ids, reasons, drainerID, b.Initial, b.Max},
-	}
+	return t.settle(drainerID, leases, set, reasons, f.InitialMillis, f.MaxMillis, f.MaxAttempts)
 }
 
 // Release renders the return of claims whose outcome is unknown or that were
 // never published: no attempt is counted, because the row did nothing wrong.
-func (t *Table) Release(drainerID string, ids []string) Statement {
+// The row is due again at once.
+func (t *Table) Release(drainerID string, leases []Lease) Statement {
+	c := t.cols
+	return t.settle(drainerID, leases, []string{q(c.ClaimedAt) + " = NULL", q(c.ClaimedBy) + " = NULL", q(c.AvailableAt) + " = now()"}, nil)
+}
+
+// ReleaseHeld renders the release of every claim held under drainerID except
+// those of the claims whose tokens are kept: at start-up (a restarted
+// container inherits its pod name, and its predecessor's claims are no
+// longer in flight), at shutdown, and after a claim whose result was lost
+// (it may have committed). A held row is due when its lease ends, within a
+// lease from now, so the look-up reads only that stretch of the claim index.
+func (t *Table) ReleaseHeld(drainerID string, lease time.Duration, keep []time.Time) Statement {
+	c := t.cols
+	if keep == nil {
+		keep = []time.Time{} // NULL would make <> ALL unknown, and release nothing
+	}
 	return Statement{
-		SQL: fmt.Sprintf("UPDATE %s SET %s = NULL, %s = NULL WHERE %s = %s AND %s",
-			t.ident, q(t.cols.ClaimedAt), q(t.cols.ClaimedBy), q(t.cols.ID), t.ids("$1"), t.fence("$2")),
-		Args: []any{ids, drainerID},
+		SQL: fmt.Sprintf(`UPDATE %[1]s SET %[2]s = NULL, %[3]s = NULL, %[4]s = now()
+WHERE %[3]s = $1 AND %[5]s IS NULL AND %[4]s > now() AND %[4]s <= now() + $2 * interval '1 millisecond'
+	AND %[2]s <> ALL($3::timestamptz[])`,
+			t.ident, q(c.ClaimedAt), q(c.ClaimedBy), q(c.AvailableAt), q(c.PublishedAt)),
+		Args: []any{drainerID, lease.Milliseconds(), keep},
 	}
 }
-
-// ReleaseAll renders the startup release of every claim held under an ID: a
-// restarted container inherits its pod name, and its predecessor's claims are
-// no longer in flight.
-func (t *Table) ReleaseAll(drainerID string) Statement {
-	return Statement{
-		SQL: fmt.Sprintf("UPDATE %s SET %s = NULL, %s = NULL WHERE %s",
-			t.ident, q(t.cols.ClaimedAt), q(t.cols.ClaimedBy), t.fence("$1")),
-		Args: []any{drainerID},
-	}
-}
-
-// CatalogQuery renders the look-up of a table's columns; no rows means no table.
-func (s TableSpec) CatalogQuery() Statement {
-	schema, name := s.QualifiedName()
-	return Statement{
-		SQL: `SELECT a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull
-FROM pg_attribute a
-WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
-ORDER BY a.attnum`,
-		Args: []any{pgx.Identifier{schema, name}.Sanitize()},
-	}
-}
-
-// objectName names an object spillway adds beside the table (an index, a
-// trigger) as the table's name plus a suffix, within Postgres's 63-byte limit.
-func (s TableSpec) objectName(suffix string) string {
-	_, name := s.QualifiedName()
-	if len(name)+len(suffix) > 63 {
-		name = name[:63-len(suffix)]
-	}
-	return name + suffix
-}
-
-// The indexes migrate creates.
-const (
-	claimIndexSuffix     = "_spillway_claim_idx"
-	publishedIndexSuffix = "_spillway_published_idx"
-)
-
-// canonicalFillfactor leaves half of each page free when rows are inserted,
-// so that a claim or a release (which change no indexed column) can put the
-// row's new version on the same page: a HOT update, with no index writes.
-// In the benchmark this cut the drainer's Postgres CPU by about a third.
-const canonicalFillfactor = 50
-
-// CreateTable renders the canonical table, under the spec's column names.
-func (s TableSpec) CreateTable() Statement {
-	schema, name := s.QualifiedName()
-	var defs []string
-	for _, lc := range contract {
-		defs = append(defs, q(s.Columns.name(lc))+" "+lc.sqlType)
-		if lc.flag == "payload" {
-			if rk := s.routingKeyColumn(); rk != "" {
-				defs = append(defs, q(rk)+" text NOT NULL")
-			}
-		}
-	}
-	return Statement{SQL: fmt.Sprintf("CREATE TABLE IF NOT EXISTS %s (\n\t%s\n) WITH (fillfactor = %d)",
-		pgx.Identifier{schema, name}.Sanitize(), strings.Join(defs, ",\n\t"), canonicalFillfactor)}
-}
-
-// AddMissingColumns renders the ALTER that gives an existing table the lease
-// columns and attempts it lacks; ok is false when nothing is missing, so an
-// idempotent migrate takes no lock on the application's table.
-func (s TableSpec) AddMissingColumns(catalog []CatalogColumn) (stmt Statement, added []string, ok bool) {
-	have := map[string]bool{}
-	for _, c := range catalog {
-		have[c.Name] = true
-	}
-	var adds []string
-	for _, lc := range contract {
-		if n := s.Columns.name(lc); lc.migrate && !have[n] {
-			adds = append(adds, "ADD COLUMN IF NOT EXISTS "+q(n)+" "+lc.sqlType)
-			added = append(added, n)
-		}
-	}
-	if len(adds) == 0 {
-		return Statement{}, nil, false
-	}
-	schema, name := s.QualifiedName()
-	return Statement{SQL: fmt.Sprintf("ALTER TABLE %s %s", pgx.Identifier{schema, name}.Sanitize(), strings.Join(adds, ", "))}, added, true
-}
-
-// ClaimIndex renders the partial index that keeps claims cheap. CONCURRENTLY,
-// because the table belongs to a live application.
-// The index lives in the table's schema, so its name is unqualified.
-func (t *Table) ClaimIndex(spec TableSpec) Statement {
-	return Statement{SQL: fmt.Sprintf("CREATE INDEX CONCURRENTLY IF NOT EXISTS %s ON %s (%s) WHERE %s IS NULL",
-		q(spec.objectName(claimIndexSuffix)), t.ident, t.claimOrder(), q(t.cols.PublishedAt))}
-}
-
-// PublishedIndex renders the partial index on published_at that retention
-// prunes through: without it, each prune batch would scan the table.
-func (t *Table) PublishedIndex(spec TableSpec) Statement {
-	return Statement{SQL: fmt.Sprintf("CREATE INDEX CONCURRENTLY IF NOT EXISTS %s ON %s (%s) WHERE %s IS NOT NULL",
-		q(spec.objectName(publishedIndexSuffix)), t.ident, q(t.cols.PublishedAt), q(t.cols.PublishedAt))}
-}
-
-// IndexValid renders the look-up of one of spillway's indexes: present, and
-// valid (a failed concurrent build leaves an invalid index behind).
-func (s TableSpec) IndexValid(suffix string) Statement {
-	schema, _ := s.QualifiedName()
-	return Statement{
-		SQL:  "SELECT i.indisvalid FROM pg_index i WHERE i.indexrelid = to_regclass($1)",
-		Args: []any{pgx.Identifier{schema, s.objectName(suffix)}.Sanitize()},
-	}
-}
-
-// DropIndex renders the removal of an invalid index.
-func (s TableSpec) DropIndex(suffix string) Statement {
-	schema, _ := s.QualifiedName()
-	return Statement{SQL: "DROP INDEX CONCURRENTLY IF EXISTS " + pgx.Identifier{schema, s.objectName(suffix)}.Sanitize()}
-}
-
-// NotifyChannel is the channel that the insert trigger notifies and the
-// drainer listens on. Postgres refuses channel names of 64 bytes or more, and
-// a failing trigger would fail the application's inserts, so a long name is
-// replaced by a hash of it.
-func (s TableSpec) NotifyChannel() string {
-	schema, name := s.QualifiedName()
-	channel := "spillway." + schema + "." + name
-	if len(channel) > 63 {
-		sum := sha256.Sum256([]byte(schema + "." + name))
-		channel = "spillway." + hex.EncodeToString(sum[:12])
-	}
-	return channel
-}
-
-const notifyTriggerSuffix = "_spillway_notify"
-
-// NotifyTriggerExists renders the look-up of the insert trigger.
-func (s TableSpec) NotifyTriggerExists() Statement {
-	schema, name := s.QualifiedName()
-	return Statement{
-		SQL:  "SELECT count(*) > 0 FROM pg_trigger WHERE tgrelid = to_regclass($1) AND tgname = $2",
-		Args: []any{pgx.Identifier{schema, name}.Sanitize(), s.objectName(notifyTriggerSuffix)},
-	}
-}
-
-// CreateNotifyTrigger renders the statement-level insert trigger that wakes
-// listening drainers: one notification per inserting statement, not per row,
-// and Postgres folds identical notifications of one transaction into one.
-//
-// A notifying transaction holds a database-wide lock from its commit until
-// its WAL flush, so plain NOTIFY serializes the application's inserting
-// commits (about 420 single-row commits/s here, against 1,000 without it).
-// One notifying transaction at a time is enough to wake the drainers: a
-// transaction that cannot take the try-lock because another is notifying
-// skips its notification and commits in parallel. Its row is claimed with
-// the notifier's, or by the drainer's follow-up claim shortly after.
-func (s TableSpec) CreateNotifyTrigger() []Statement {
-	schema, name := s.QualifiedName()
-	function := pgx.Identifier{schema, "spillway_notify"}.Sanitize()
-	return []Statement{
-		{SQL: fmt.Sprintf(`CREATE OR REPLACE FUNCTION %s() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-	IF pg_try_advisory_xact_lock(hashtext('spillway.notify'), hashtext(TG_ARGV[0])) THEN
-		PERFORM pg_notify(TG_ARGV[0], '');
-	END IF;
-	RETURN NULL;
-END
-$$`, function)},
-		{SQL: fmt.Sprintf("CREATE TRIGGER %s AFTER INSERT ON %s FOR EACH STATEMENT EXECUTE FUNCTION %s(%s)",
-			q(s.objectName(notifyTriggerSuffix)), pgx.Identifier{schema, name}.Sanitize(), function, quoteLiteral(s.NotifyChannel()))},
-	}
-}
-
-// quoteLiteral quotes a string as an SQL literal. Only used for names that
-// passed the identifier pattern, so there is no backslash to worry about.
-func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
-// Listen renders the LISTEN on the table's notify channel.
-func (s TableSpec) Listen() Statement { return Statement{SQL: "LISTEN " + q(s.NotifyChannel())} }
 
 // PrunePublished renders one bounded batch of retention: published rows older
 // than the window. SKIP LOCKED, so drainers pruning at once share the work.
@@ -586,20 +528,25 @@ func (t *Table) PrunePublished(window time.Duration, limit int) Statement {
 }
 
 // PruneUnpublished renders one bounded batch of dropping pending rows older
-// than maxAge, by enqueued_at. A row under a live lease is being published
-// right now and is left to its drainer.
-func (t *Table) PruneUnpublished(maxAge, lease time.Duration, limit int) Statement {
+// than maxAge, by enqueued_at. A row under a live lease (claimed, and due
+// only when the lease ends) is being published right now and is left to its
+// drainer.
+func (t *Table) PruneUnpublished(maxAge time.Duration, limit int) Statement {
 	c := t.cols
-	return t.prune(fmt.Sprintf("%s IS NULL AND %s < now() - $1 * interval '1 millisecond' AND (%s IS NULL OR %s < now() - $3 * interval '1 millisecond')",
-		q(c.PublishedAt), q(c.EnqueuedAt), q(c.ClaimedAt), q(c.ClaimedAt)),
-		[]any{maxAge.Milliseconds(), limit, lease.Milliseconds()})
+	return t.prune(fmt.Sprintf("%s IS NULL AND %s < now() - $1 * interval '1 millisecond' AND (%s IS NULL OR %s <= now())",
+		q(c.PublishedAt), q(c.EnqueuedAt), q(c.ClaimedBy), q(c.AvailableAt)),
+		[]any{maxAge.Milliseconds(), limit})
 }
 
-// prune deletes at most $2 rows matching where, found by ctid as the claim is.
+// prune deletes at most $2 rows matching where, found again by table oid and
+// ctid as the claim's rows are: by ctid alone, a partitioned outbox would
+// lose rows of one partition to a prune of another.
 func (t *Table) prune(where string, args []any) Statement {
 	return Statement{
-		SQL: fmt.Sprintf("DELETE FROM %s WHERE ctid = ANY(ARRAY(SELECT ctid FROM %s WHERE %s LIMIT $2 FOR UPDATE SKIP LOCKED))",
-			t.ident, t.ident, where),
+		SQL: fmt.Sprintf(`WITH doomed AS MATERIALIZED (
+	SELECT tableoid AS toid, ctid AS tid FROM %[1]s WHERE %[2]s LIMIT $2 FOR UPDATE SKIP LOCKED
+)
+DELETE FROM %[1]s AS o WHERE %[3]s`, t.ident, where, locatedIn("doomed")),
 		Args: args,
 	}
 }

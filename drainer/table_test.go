@@ -38,14 +38,18 @@ var _ = Describe("Resolving the table mapping", func() {
 	})
 
 	It("leaves out optional columns the table does not have", func() {
-		t, err := ResolveTable(TableSpec{Name: "outbox"}, without("available_at", "headers", "last_error"))
+		t, err := ResolveTable(TableSpec{Name: "outbox"}, without("headers", "last_error"))
 		Expect(err).NotTo(HaveOccurred())
 		claim := t.Claim(ClaimParams{DrainerID: "d", BatchSize: 1, MaxAttempts: 1}).SQL
-		Expect(claim).NotTo(ContainSubstring("available_at"))
 		Expect(claim).To(ContainSubstring("NULL::jsonb"))
-		fail := t.RecordFailures("d", nil, nil, Backoff{}).SQL
+		fail := t.RecordFailures("d", nil, nil, FailurePolicy{}).SQL
 		Expect(fail).NotTo(ContainSubstring("last_error"))
-		Expect(fail).NotTo(ContainSubstring("available_at"))
+	})
+
+	It("resolves a table without available_at, so the operator can read its status before migrate adds it", func() {
+		t, err := ResolveTable(TableSpec{Name: "outbox"}, without("available_at"))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(t.OutboxStatus(10).SQL).NotTo(ContainSubstring("available_at"))
 	})
 
 	It("names a missing required column and says migrate can add a lease column", func() {
@@ -75,11 +79,36 @@ var _ = Describe("Resolving the table mapping", func() {
 		Expect(err).To(MatchError(ContainSubstring("table public.outbox does not exist")))
 	})
 
-	It("orders claims by the claim index's key: attempts, then enqueue order", func() {
+	It("orders claims by due time, the claim index's key", func() {
 		t, err := ResolveTable(TableSpec{Name: "outbox"}, canonical)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(t.Claim(ClaimParams{}).SQL).To(ContainSubstring(`ORDER BY "attempts", "enqueued_at"`))
-		Expect(t.ClaimIndex(TableSpec{Name: "outbox"}).SQL).To(ContainSubstring(`("attempts", "enqueued_at") WHERE "published_at" IS NULL`))
+		Expect(t.Claim(ClaimParams{}).SQL).To(ContainSubstring(`ORDER BY "available_at"`))
+		Expect(t.ClaimIndex()).To(Equal(IndexDef{Suffix: claimIndexSuffix, Columns: []string{"available_at"}, Predicate: `"published_at" IS NULL`}))
+		Expect(t.ClaimIndex().Create(Relation{Schema: "public", Name: "outbox"}).SQL).To(Equal(
+			`CREATE INDEX CONCURRENTLY IF NOT EXISTS "outbox_spillway_claim_idx" ON "public"."outbox" ("available_at") WHERE "published_at" IS NULL`))
+		Expect(t.ClaimIndex().Create(Relation{Schema: "public", Name: "outbox", Partitioned: true}).SQL).To(Equal(
+			`CREATE INDEX IF NOT EXISTS "outbox_spillway_claim_idx" ON ONLY "public"."outbox" ("available_at") WHERE "published_at" IS NULL`),
+			"Postgres refuses CONCURRENTLY on a partitioned table")
+	})
+
+	It("accepts an existing index by its columns and predicate, not by its name", func() {
+		t, err := ResolveTable(TableSpec{Name: "outbox"}, canonical)
+		Expect(err).NotTo(HaveOccurred())
+		claim := t.ClaimIndex()
+		shape := IndexShape{OnTable: true, Valid: true, Method: "btree", Columns: []string{"available_at"}, Predicate: "(published_at IS NULL)"}
+		Expect(claim.Matches(shape)).To(BeTrue(), "as pg_get_expr prints it")
+		older := shape
+		older.Columns = []string{"attempts", "enqueued_at"}
+		Expect(claim.Matches(older)).To(BeFalse(), "the claim index of an earlier spillway")
+		wider := shape
+		wider.Predicate = ""
+		Expect(claim.Matches(wider)).To(BeFalse(), "an index over published history too")
+		unique := shape
+		unique.Unique = true
+		Expect(claim.Matches(unique)).To(BeFalse())
+		elsewhere := shape
+		elsewhere.OnTable = false
+		Expect(claim.Matches(elsewhere)).To(BeFalse(), "an index of that name on another table")
 	})
 
 	It("keeps the index name within Postgres's 63 bytes", func() {

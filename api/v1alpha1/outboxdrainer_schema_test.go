@@ -40,7 +40,7 @@ var _ = BeforeSuite(func() {
 func manifest(edit func(spec map[string]any)) *unstructured.Unstructured {
 	spec := map[string]any{
 		"database": map[string]any{"urlSecretRef": map[string]any{"name": "orders-db", "key": "url"}},
-		"broker":   map[string]any{"urlSecretRef": map[string]any{"name": "rabbit", "key": "url"}},
+		"broker":   map[string]any{"urlSecretRef": map[string]any{"name": "rabbit", "key": "url"}, "exchange": "orders"},
 	}
 	if edit != nil {
 		edit(spec)
@@ -126,6 +126,7 @@ var _ = Describe("The OutboxDrainer schema", Label("integration"), func() {
 		Entry("one routing key source", set("database.routingKey.payloadField", "event_type")),
 		Entry("a positive retention", all(set("retention.published", "72h"), set("retention.unpublishedMaxAge", "720h"))),
 		Entry("zero replicas", set("replicas", int64(0))),
+		Entry("the default exchange with mandatory on", all(unset("broker.exchange"), set("broker.mandatory", true))),
 	)
 
 	DescribeTable("rejects, naming the field and the rule,",
@@ -159,6 +160,9 @@ var _ = Describe("The OutboxDrainer schema", Label("integration"), func() {
 		Entry("an unknown exchange type", set("broker.exchangeType", "x-delayed"), "spec.broker.exchangeType: Unsupported value"),
 		Entry("negative replicas", set("replicas", int64(-1)), "spec.replicas"),
 		Entry("maxAttempts 0", set("maxAttempts", int64(0)), "spec.maxAttempts"),
+		Entry("the default exchange without mandatory, which drops unroutable rows", unset("broker.exchange"),
+			"set an exchange, or broker.mandatory to publish to the default exchange"),
+		Entry("an empty exchange without mandatory", set("broker.exchange", ""), "spec.broker.exchange: Invalid value"),
 	)
 
 	It("rejects a name too long for the metrics Service's", func(ctx SpecContext) {

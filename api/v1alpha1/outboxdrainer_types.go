@@ -97,12 +97,18 @@ type DatabaseSpec struct {
 	SynchronousCommit bool `json:"synchronousCommit,omitempty"`
 }
 
-// BrokerSpec is where rows are published.
+// BrokerSpec is where rows are published. The default exchange drops a
+// message whose routing key names no queue, and the broker acks it: without
+// mandatory, such a row would be marked published and lost. The drainer
+// refuses the same.
+//
+// +kubebuilder:validation:XValidation:rule="(has(self.exchange) && size(self.exchange) > 0) || (has(self.mandatory) && self.mandatory)",fieldPath=".exchange",reason="FieldValueInvalid",message="set an exchange, or broker.mandatory to publish to the default exchange: there a row whose routing key names no queue is dropped, and would be marked published"
 type BrokerSpec struct {
 	// URLSecretRef is the key of a Secret holding the AMQP URL.
 	// +required
 	URLSecretRef SecretKeyRef `json:"urlSecretRef"`
-	// Exchange to publish to; empty is the default exchange.
+	// Exchange to publish to; empty is the default exchange, which needs
+	// mandatory.
 	// +kubebuilder:validation:MaxLength=255
 	// +optional
 	Exchange string `json:"exchange,omitempty"`

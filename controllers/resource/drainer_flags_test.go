@@ -68,4 +68,15 @@ var _ = Describe("The drainer's command line", func() {
 		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
 		Expect(httpAddr).To(Equal(fmt.Sprintf(":%d", MetricsPort)))
 	})
+
+	It("publishes to the default exchange only with mandatory, as the CRD's rule allows", func() {
+		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde")
+		od := outboxDrainer()
+		od.Spec.Broker.Exchange, od.Spec.Broker.Mandatory = "", true
+		_, _, err := drainer.ParseDrainFlags(DrainArgs(od.Spec)[1:])
+		Expect(err).NotTo(HaveOccurred())
+		od.Spec.Broker.Mandatory = false
+		_, _, err = drainer.ParseDrainFlags(DrainArgs(od.Spec)[1:])
+		Expect(err).To(MatchError(ContainSubstring(`broker.exchange: Invalid value: "": set an exchange`)))
+	})
 })

@@ -4,11 +4,15 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -66,6 +70,23 @@ func drain(table, exchange, id string, extra ...string) *gexec.Session {
 	args := []string{"drain", "--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(),
 		"--table", table, "--exchange", exchange, "--drainer-id", id, "--poll-interval", "100ms"}
 	return start(append(args, extra...)...)
+}
+
+// peakRSS is a process's peak resident set size, VmHWM in /proc/<pid>/status.
+func peakRSS(pid int) int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	Expect(err).NotTo(HaveOccurred())
+	defer f.Close()
+	scanner := bufio.NewScanner(f)
+	for scanner.Scan() {
+		if v, ok := strings.CutPrefix(scanner.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			Expect(err).NotTo(HaveOccurred())
+			return kb << 10
+		}
+	}
+	Fail("no VmHWM in /proc/<pid>/status")
+	return 0
 }
 
 // rabbitmqctl runs one rabbitmqctl command.
@@ -148,6 +169,36 @@ var _ = Describe("spillway", Label("e2e"), func() {
 		missing, duplicates := testenv.Undelivered(ch, topo.Queue, testenv.IDs(ctx, pool, table), 60*time.Second)
 		Expect(missing).To(BeEmpty(), "rows never delivered")
 		GinkgoWriter.Printf("orphaned claims: %d, duplicates delivered: %d\n", orphaned, duplicates)
+	})
+
+	It("drains 300 rows of 4 MB with the drainer's peak RSS under 192 MiB, and publishes a row larger than the claim budget alone", func(ctx SpecContext) {
+		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		ch, topo := topology()
+		// md5 text compresses well in Postgres; in the drainer each payload
+		// is its full 4 MiB.
+		_, err := pool.Exec(ctx, "INSERT INTO "+table+` (event_type, payload)
+			SELECT 'order.created', jsonb_build_object('pad', repeat(md5(g::text), 131072)) FROM generate_series(1, 300) g`)
+		Expect(err).NotTo(HaveOccurred())
+		var large string
+		Expect(pool.QueryRow(ctx, "INSERT INTO "+table+` (event_type, payload)
+			VALUES ('order.created', jsonb_build_object('pad', repeat(md5('large'), 393216))) RETURNING id::text`).Scan(&large)).To(Succeed())
+		want := testenv.IDs(ctx, pool, table)
+		// A consumer keeps the 1.2 GB out of the broker's memory.
+		delivered := make(chan []string, 1)
+		go func() {
+			defer GinkgoRecover()
+			missing, duplicates := testenv.Undelivered(ch, topo.Queue, want, 5*time.Minute)
+			GinkgoWriter.Printf("duplicates: %d\n", duplicates)
+			delivered <- missing
+		}()
+		d := drain(table, topo.Exchange, "e2e-large", "--metrics-addr", "")
+		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 5*time.Minute, 100*time.Millisecond).Should(BeZero())
+		peak := peakRSS(d.Command.Process.Pid)
+		GinkgoWriter.Printf("drainer peak RSS: %d MiB\n", peak>>20)
+		Expect(peak).To(BeNumerically("<", 192<<20), "peak RSS of the drainer process")
+		Eventually(delivered, 5*time.Minute).Should(Receive(BeEmpty()), "rows never delivered")
+		Expect(count(ctx, table, fmt.Sprintf("claimed_at = (SELECT claimed_at FROM %s WHERE id = '%s')", table, large))).To(Equal(1),
+			"the 12 MiB row, over the claim's byte budget, was claimed alone")
 	})
 
 	It("serves /healthz, /readyz and /metrics on one port", func(ctx SpecContext) {

@@ -168,6 +168,29 @@ var _ = Describe("Faults", Label("faults"), Serial, func() {
 		f.expectDelivered(ctx)
 	})
 
+	It("exits within the shutdown timeout plus a second on SIGTERM under a memory alarm, and releases its claims", func(ctx SpecContext) {
+		f := newFleet(ctx, 0)
+		// Payloads of 64 KiB keep the socket busy when the alarm blocks it.
+		_, err := pool.Exec(ctx, "INSERT INTO "+f.table+` (event_type, payload)
+			SELECT 'order.created', jsonb_build_object('pad', repeat(md5(g::text), 2048)) FROM generate_series(1, 20000) g`)
+		Expect(err).NotTo(HaveOccurred())
+		addr := testenv.FreeAddr()
+		s := f.drain("fault-shutdown", addr, "--shutdown-timeout", "5s")
+		f.waitPublished(ctx, 1000)
+
+		watermark := rabbitmqctl("eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
+		rabbitmqctl("set_vm_memory_high_watermark", "0.0000001")
+		DeferCleanup(func() { rabbitmqctl("set_vm_memory_high_watermark", watermark) })
+		Eventually(func() int { return testenv.Probe(addr, "/readyz") }, 30*time.Second, 10*time.Millisecond).Should(Equal(503))
+
+		Expect(s.Command.Process.Signal(syscall.SIGTERM)).To(Succeed())
+		signalled := time.Now()
+		Eventually(s, 6*time.Second, 10*time.Millisecond).Should(gexec.Exit(0), "exited within --shutdown-timeout 5s plus a second")
+		GinkgoWriter.Printf("exited %s after SIGTERM\n", time.Since(signalled))
+		Expect(f.count(ctx, "claimed_by IS NOT NULL AND published_at IS NULL")).To(BeZero(), "claims released")
+		Expect(f.count(ctx, "attempts > 0")).To(BeZero())
+	})
+
 	It("finishes the drain after Postgres restarts mid-drain, losing no row and counting no attempt", func(ctx SpecContext) {
 		f := newFleet(ctx, midDrainRows)
 		addr := testenv.FreeAddr()

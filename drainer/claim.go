@@ -1,0 +1,238 @@
+package drainer
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+)
+
+// Phase 1: the claim, and the loop that drives the three phases.
+
+// claimLoop claims and publishes. While a full batch is being published, the
+// next one is already being claimed, so the pipeline does not run dry while
+// a claim is in flight; and confirms are resolved while it waits for either.
+// It returns once ctx has ended.
+func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
+	retry := newRetryBackoff()
+	var next *pendingClaim
+	// followUp is set after a wake-up: rows whose transactions skipped
+	// notifying, because another was notifying, may commit just after the
+	// claim that the notification caused.
+	followUp := false
+	for ctx.Err() == nil {
+		d.liveness.beat(0)
+		if next == nil {
+			if d.broker != nil && !d.brokerUsable() {
+				// Confirms of a closed channel resolve at once; those of a
+				// stale one are awaited before it is replaced.
+				p.drain()
+			}
+			if err := d.connectBroker(ctx, hardStop); err != nil {
+				return
+			}
+			if d.broker.blocked() {
+				// Rows claimed now could only be released; the unblock
+				// wakes the loop.
+				p.idle(ctx, d.cfg.PollInterval, d.wake)
+				continue
+			}
+			if wait := d.pushback.wait(); wait > 0 {
+				d.log.Warn("Broker nacked publishes (a queue may be full with overflow reject-publish); rows released, claiming backs off",
+					"retryIn", wait)
+				p.sleep(ctx, wait)
+				continue
+			}
+			next = d.claim(hardStop)
+		}
+		p.waitFor(next.done)
+		c := next
+		next = nil
+		if c.err != nil {
+			wait := retry.NextBackOff()
+			d.log.Error("Claim failed", "error", c.err, "retryIn", wait)
+			d.releaseUnread(hardStop)
+			p.sleep(ctx, wait)
+			continue
+		}
+		retry.Reset()
+		full := c.claim.Full(d.cfg.BatchSize)
+		if full && !d.cfg.SerialBatches && d.brokerUsable() && !d.broker.blocked() && d.pushback.wait() == 0 {
+			next = d.claim(hardStop)
+		}
+		if len(c.claim.Rows) > 0 {
+			// Should the broker have failed since the claim, publish
+			// releases the batch.
+			b := d.publish(ctx, p, c.claim)
+			if d.cfg.SerialBatches {
+				p.drain()
+				<-b.settled
+			}
+		}
+		if !full {
+			wait := d.cfg.PollInterval
+			if followUp {
+				wait = min(wait, lateCommitWindow)
+			}
+			followUp = p.idle(ctx, wait, d.wake)
+		}
+	}
+	if next != nil {
+		// Shutdown: publish releases a batch claimed ahead.
+		if <-next.done; next.err != nil {
+			d.releaseUnread(hardStop)
+		} else if len(next.claim.Rows) > 0 {
+			d.publish(ctx, p, next.claim)
+		}
+	}
+}
+
+// lateCommitWindow is how soon a wake-up's claim is followed by another.
+const lateCommitWindow = 20 * time.Millisecond
+
+// pendingClaim is one claim under way; claim and err are set when done closes.
+type pendingClaim struct {
+	done  chan struct{}
+	claim Claim
+	err   error
+}
+
+// claim runs phase 1 in the background. Shutdown does not cancel the
+// statement until the hard stop: a claim cut short could have committed,
+// leaving rows held until their lease expires instead of released at once.
+// Half a lease bounds it: a claim slower than that would leave too little
+// of the lease to publish its rows.
+func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
+	c := &pendingClaim{done: make(chan struct{})}
+	go func() {
+		defer close(c.done)
+		ctx, cancel := context.WithTimeout(hardStop, d.cfg.LeaseTTL/2)
+		defer cancel()
+		start := time.Now()
+		c.claim, c.err = d.store.Claim(ctx, d.cfg.ClaimParams())
+		if c.err == nil {
+			if len(c.claim.Rows) > 0 {
+				d.held.add(c.claim.Token)
+			}
+			d.metrics.ClaimDuration.Observe(time.Since(start).Seconds())
+			d.metrics.BatchSize.Observe(float64(len(c.claim.Rows)))
+			d.metrics.Claimed.Add(float64(len(c.claim.Rows)))
+		}
+	}()
+	return c
+}
+
+// releaseUnread releases the rows of a claim that failed: it may have
+// committed with its result lost on the way back, and its rows would be held
+// until their lease expires. Every claim of this drainer whose rows are not
+// in phase 2 or 3 is such a claim.
+func (d *Drainer) releaseUnread(hardStop context.Context) {
+	ctx, cancel := context.WithTimeout(hardStop, d.cfg.LeaseTTL/2)
+	defer cancel()
+	n, err := d.store.ReleaseHeld(ctx, d.cfg.DrainerID, d.cfg.LeaseTTL, d.held.list())
+	switch {
+	case err != nil:
+		d.log.Warn("Could not release the rows of the failed claim; if it committed, they are claimed again when their lease ends", "error", err)
+	case n > 0:
+		d.log.Info("Released the rows of a claim whose result was lost", "rows", n)
+	}
+}
+
+// connectBroker makes d.broker a healthy channel, reconnecting with jittered
+// backoff for as long as it takes. Nothing is claimed meanwhile, so rows are
+// not claimed only to be released. It fails only when ctx ends.
+func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
+	if d.broker != nil && d.brokerUsable() {
+		return nil
+	}
+	if d.broker != nil {
+		switch {
+		case !d.broker.healthy():
+			d.log.Warn("Broker channel closed; reconnecting")
+		case d.rotateBroker.Load():
+			d.log.Info("Reconnecting to the broker with the changed URL file")
+		default:
+			d.log.Info("Replacing the broker channel, which gave up a confirm while the broker blocked it")
+		}
+		d.broker.close()
+		d.broker = nil
+		d.current.Store(nil)
+	}
+	// The dial reads the URL file afresh.
+	d.rotateBroker.Store(false)
+	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (*brokerChannel, error) {
+		return dialBroker(hardStop, d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth, d.cfg.MaxPayloadBytes, d.log, d.poke)
+	}, d.liveness.beat)
+	if err != nil {
+		return err
+	}
+	d.log.Info("Connected to broker", "exchange", d.cfg.Broker.Exchange)
+	d.broker = b
+	d.current.Store(b)
+	return nil
+}
+
+// brokerUsable reports whether d.broker may publish: open, not due for a
+// reconnect with a changed URL file, and not stale, unless the broker still
+// blocks it (a new connection would block too).
+func (d *Drainer) brokerUsable() bool {
+	return d.broker.healthy() && !d.rotateBroker.Load() && (!d.broker.stale.Load() || d.broker.blocked())
+}
+
+// pushback is the claim loop's backoff after the broker nacked publishes: a
+// queue full with overflow reject-publish, or the broker refusing for a
+// reason of its own. That is the broker saying no, not the rows being bad,
+// so they are released without an attempt counted; claiming them again at
+// once would only be refused again. The next ack ends it. Claim loop only.
+type pushback struct {
+	backoff *backoff.ExponentialBackOff
+	until   time.Time
+}
+
+// nacked backs off claiming, longer each time the claims after a backoff are
+// nacked again; nacks of rows already in flight do not add to it.
+func (pb *pushback) nacked() {
+	if now := time.Now(); !now.Before(pb.until) {
+		pb.until = now.Add(pb.backoff.NextBackOff())
+	}
+}
+
+// acked ends the backoff.
+func (pb *pushback) acked() {
+	pb.backoff.Reset()
+	pb.until = time.Time{}
+}
+
+// wait is how long claiming stays backed off.
+func (pb *pushback) wait() time.Duration { return max(time.Until(pb.until), 0) }
+
+// heldClaims counts the claims whose rows are in phase 2 or 3, by token.
+type heldClaims struct {
+	mu     sync.Mutex
+	tokens map[int64]int // token in microseconds, the database's precision
+}
+
+func (h *heldClaims) add(token time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.tokens[token.UnixMicro()]++
+}
+
+func (h *heldClaims) remove(token time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.tokens[token.UnixMicro()]--; h.tokens[token.UnixMicro()] <= 0 {
+		delete(h.tokens, token.UnixMicro())
+	}
+}
+
+func (h *heldClaims) list() []time.Time {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := make([]time.Time, 0, len(h.tokens))
+	for t := range h.tokens {
+		out = append(out, time.UnixMicro(t))
+	}
+	return out
+}

@@ -1,0 +1,134 @@
+package drainer
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+// claimParams are the claim knobs of the specs that call the store directly.
+func claimParams(id string, n int) ClaimParams {
+	return ClaimParams{DrainerID: id, BatchSize: n, MaxAttempts: 10, LeaseMillis: 30_000, MaxPayloadBytes: 1 << 20, MaxClaimBytes: 8 << 20}
+}
+
+// claimBuffers runs the claim under EXPLAIN (ANALYZE, BUFFERS) in a
+// transaction it rolls back, and returns the shared buffers it touched.
+func claimBuffers(ctx context.Context, store *Store, p ClaimParams) int {
+	stmt := store.Table().Claim(p)
+	tx, err := pool.Begin(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = tx.Rollback(ctx) }()
+	var plan []map[string]any
+	Expect(tx.QueryRow(ctx, "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "+stmt.SQL, stmt.Args...).Scan(&plan)).To(Succeed())
+	top := plan[0]["Plan"].(map[string]any)
+	return int(top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64))
+}
+
+// seedAged fills table as an ageing outbox holds it, with nothing due: n rows
+// in backoff, n poisoned, n published long ago, and n/100 under another
+// drainer's live lease.
+func seedAged(ctx context.Context, table string, n int) {
+	exec(ctx, `INSERT INTO `+table+` (event_type, payload, enqueued_at, attempts, available_at, last_error)
+		SELECT 'order.created', jsonb_build_object('n', g), now() - interval '1 day', 3, now() + interval '1 hour', 'nacked'
+		FROM generate_series(1, $1) g`, n)
+	exec(ctx, `INSERT INTO `+table+` (event_type, payload, enqueued_at, attempts, available_at, last_error)
+		SELECT 'order.created', jsonb_build_object('n', g), now() - interval '1 day', 10, 'infinity', 'returned'
+		FROM generate_series(1, $1) g`, n)
+	exec(ctx, `INSERT INTO `+table+` (event_type, payload, enqueued_at, available_at, published_at)
+		SELECT 'order.created', jsonb_build_object('n', g), now() - interval '1 day', now() - interval '1 day', now() - interval '1 hour'
+		FROM generate_series(1, $1) g`, n)
+	exec(ctx, `INSERT INTO `+table+` (event_type, payload, claimed_at, claimed_by, available_at)
+		SELECT 'order.created', jsonb_build_object('n', g), now(), 'drainer-b', now() + interval '30 seconds'
+		FROM generate_series(1, $1) g`, n/100)
+	exec(ctx, "VACUUM ANALYZE "+table)
+}
+
+var _ = Describe("The claim", Label("integration"), func() {
+	It("claims a row that is due again within the claims of the rows due before it, while fresh rows keep arriving", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 5000)
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, attempts, available_at, last_error)
+			VALUES ('order.created', '{"retried": true}', 1, now() + interval '200 milliseconds', 'nacked')`)
+		retried := ids(ctx, spec.Name, "attempts = 1")[0]
+		Eventually(func() int { return count(ctx, spec.Name, "attempts = 1 AND available_at <= now()") }).Should(Equal(1), "the retry is due")
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+
+		const batchSize, dueBefore = 100, 5000
+		for claims := 1; claims <= dueBefore/batchSize+1; claims++ {
+			seed(ctx, spec.Name, batchSize) // a sustained backlog: as many fresh rows arrive as each claim takes
+			c, err := store.Claim(ctx, claimParams("drainer-a", batchSize))
+			Expect(err).NotTo(HaveOccurred())
+			_, err = store.Settle(ctx, "drainer-a", Settlement{Published: c.Leases()}, FailurePolicy{})
+			Expect(err).NotTo(HaveOccurred())
+			if slices.ContainsFunc(c.Rows, func(r Row) bool { return r.ID == retried }) {
+				GinkgoWriter.Printf("the retried row was claimed by claim %d\n", claims)
+				return
+			}
+		}
+		Fail(fmt.Sprintf("the retried row was not claimed within %d claims of %d rows, though only %d rows were due before it",
+			dueBefore/batchSize+1, batchSize, dueBefore))
+	})
+
+	It("reads a constant number of buffers when nothing is due, with 100,000 rows in backoff, 100,000 poisoned and 100,000 published", func(ctx SpecContext) {
+		small, large := canonicalOutbox(ctx), canonicalOutbox(ctx)
+		seedAged(ctx, small.Name, 1_000)
+		seedAged(ctx, large.Name, 100_000)
+		var buffers []int
+		for _, spec := range []TableSpec{small, large} {
+			store, err := OpenStore(ctx, pool, spec)
+			Expect(err).NotTo(HaveOccurred())
+			buffers = append(buffers, claimBuffers(ctx, store, claimParams("drainer-a", 100)))
+		}
+		GinkgoWriter.Printf("empty claim: %d buffers with 1,000 of each, %d with 100,000 of each\n", buffers[0], buffers[1])
+		Expect(buffers[1]).To(BeNumerically("<=", buffers[0]+2), "the empty claim's cost does not grow with the rows it cannot claim")
+		Expect(buffers[1]).To(BeNumerically("<=", 10))
+	})
+
+	It("stops at the first row that would take it over its byte budget, and claims a row larger than the budget alone", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, available_at)
+			VALUES ('order.created', jsonb_build_object('pad', repeat('x', 5000)), now() - interval '1 minute')`)
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload) SELECT 'order.created', jsonb_build_object('pad', repeat('x', 380)) FROM generate_series(1, 5)`)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		p := claimParams("drainer-a", 100)
+		p.MaxClaimBytes = 1000 // two rows of 391 bytes fit, three do not
+
+		var sizes [][]int64
+		for range 4 {
+			c, err := store.Claim(ctx, p)
+			Expect(err).NotTo(HaveOccurred())
+			var claim []int64
+			for _, r := range c.Rows {
+				claim = append(claim, r.Size)
+			}
+			sizes = append(sizes, claim)
+			Expect(c.Full(p.BatchSize)).To(Equal(len(sizes) < 4), "a claim the budget cut short says more rows are due")
+		}
+		Expect(sizes).To(Equal([][]int64{{5011}, {391, 391}, {391, 391}, {391}}))
+	})
+
+	It("releases the rows of a claim whose result was lost, and keeps the claims in phases 2 and 3", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 10)
+		d := newDrainer(ctx, testConfig("drainer-a", spec, "amq.topic"))
+		p := d.cfg.ClaimParams()
+		p.BatchSize = 6
+		inFlight, err := d.store.Claim(ctx, p)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(inFlight.Rows).To(HaveLen(6))
+		d.held.add(inFlight.Token)
+		// A claim that committed, its result lost on the way back.
+		lost := d.store.Table().Claim(d.cfg.ClaimParams())
+		Expect(exec(ctx, lost.SQL, lost.Args...)).To(Equal(int64(4)))
+
+		d.releaseUnread(ctx)
+		Expect(count(ctx, spec.Name, "claimed_by IS NULL")).To(Equal(4), "the lost claim's rows are released")
+		Expect(count(ctx, spec.Name, "claimed_by = 'drainer-a' AND claimed_at = $1", inFlight.Token)).To(Equal(6),
+			"the rows of the claim in flight are still held")
+	})
+})

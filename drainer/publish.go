@@ -1,0 +1,210 @@
+package drainer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+)
+
+// Phase 2: publishing a claim's rows, and classifying each confirm.
+
+// publish is phase 2 for one batch. Every row enters the pipeline,
+// published or with its outcome already known.
+func (d *Drainer) publish(ctx context.Context, p *pipeline, c Claim) *batch {
+	bt := &batch{claim: c, outcomes: make([]outcome, len(c.Rows)), settled: make(chan struct{})}
+	// Once the channel fails or shutdown starts, the rest of the batch is released.
+	var rest *outcome
+	for i := range bt.claim.Rows {
+		row := &bt.claim.Rows[i]
+		e := inflight{batch: bt, index: i}
+		if rest == nil && ctx.Err() != nil {
+			rest = &outcome{kind: released, reason: releaseShutdown}
+		}
+		if rest == nil && d.broker.blocked() {
+			// Publishes would pile up unread in the socket.
+			rest = &outcome{kind: released, reason: releaseBrokerBlocked}
+		}
+		if rest == nil && !d.broker.healthy() {
+			// The channel closed under the batch (a lost confirm drained
+			// while making room): the rest waits for the next connection.
+			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
+		}
+		if rest != nil {
+			e.outcome = *rest
+			p.add(e)
+			continue
+		}
+		key, msg, fault := buildMessage(*row, d.contentType, d.broker.limits)
+		// The message holds the payload until it is written; the batch
+		// keeps only what phase 3 needs, so memory follows the rows not yet
+		// published, not the rows not yet settled.
+		row.Payload, row.Headers = nil, nil
+		if fault != nil {
+			e.outcome = outcome{kind: failed, reason: fault.reason, detail: fault.detail}
+			p.add(e)
+			continue
+		}
+		e.size = int64(len(msg.Body))
+		// A row that was in flight when the connection failed is published
+		// alone, with nothing else in flight, until it is confirmed: should
+		// the connection fail again, the failure is the row's.
+		if e.alone = d.strikes.suspect(row.ID); e.alone {
+			p.drain()
+		} else {
+			p.makeRoom(d.cfg.PipelineDepth, d.cfg.MaxPipelineBytes, e.size)
+		}
+		// The confirms resolved while waiting may have closed the channel.
+		if !d.broker.healthy() {
+			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
+			e.outcome = *rest
+			p.add(e)
+			continue
+		}
+		e.publishedAt = time.Now()
+		// The publish itself must not be cut by shutdown: a half-written
+		// frame would close the channel under the in-flight confirms. The
+		// hard stop cuts the socket instead.
+		dc, err := d.broker.publish(context.WithoutCancel(ctx), key, msg)
+		var netErr net.Error
+		switch {
+		case err == nil:
+			e.confirm, e.broker = dc, d.broker
+		case errors.Is(err, amqp.ErrClosed) || errors.As(err, &netErr):
+			// Closed under it, or the socket failed (the network, or the
+			// hard stop cutting it): not the row's doing.
+			d.log.Error("Publish failed; releasing the rest of the batch", "error", err)
+			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
+			e.outcome = *rest
+		default:
+			// amqp091 could not encode what the row holds, and closed the
+			// connection: the failure is this row's.
+			d.log.Error("Publish failed; releasing the rest of the batch", "error", err)
+			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
+			e.alone = true
+			e.outcome = d.connectionFailure(e, err.Error(), releaseBrokerUnavailable)
+		}
+		p.add(e)
+		if e.alone {
+			p.drain()
+		}
+	}
+	return bt
+}
+
+// classify turns a publish whose confirm arrived, or whose deadline passed,
+// into its outcome; timedOut is the release reason for the latter.
+func (d *Drainer) classify(e inflight, timedOut string) outcome {
+	id := e.batch.claim.Rows[e.index].ID
+	select {
+	case <-e.confirm.Done():
+	default:
+		// Forgotten, so that a return arriving late is not read as the
+		// return of a later publish of the same row.
+		e.broker.takeReturn(id)
+		// A channel that stalls past the deadline is not trusted again, and
+		// the claim loop reconnects; unless the broker blocked it, which
+		// explains the stall, and a new connection would only block again:
+		// then it is replaced once the broker unblocks.
+		if timedOut == releaseConfirmTimeout {
+			if e.broker.blocked() {
+				e.broker.stale.Store(true)
+			} else {
+				e.broker.close()
+			}
+		}
+		return outcome{kind: released, reason: timedOut}
+	}
+	ret, returned := e.broker.takeReturn(id)
+	if !e.confirm.Acked() {
+		if e.broker.ch.IsClosed() {
+			// amqp091 resolves pending confirms as nacks when the channel
+			// closes: that is a lost confirm, not the broker's refusal.
+			return d.connectionFailure(e, e.broker.failureReason(), releaseConfirmLost)
+		}
+		d.pushback.nacked()
+		return outcome{kind: released, reason: releaseNack}
+	}
+	d.pushback.acked()
+	d.strikes.clear(id)
+	d.metrics.ConfirmLatency.Observe(time.Since(e.publishedAt).Seconds())
+	if returned {
+		return outcome{kind: failed, reason: reasonReturned,
+			detail: fmt.Sprintf("broker returned the message: %d %s (exchange %q, routing key %q)", ret.ReplyCode, ret.ReplyText, ret.Exchange, ret.RoutingKey)}
+	}
+	return outcome{kind: published}
+}
+
+// connectionFailure is the outcome of a row in flight when the broker's
+// channel or connection failed with cause: released without an attempt,
+// unless the row has now been in flight alone through strikesToFail such
+// failures in a row. A row in flight with others only becomes a suspect: the
+// broker withholds the acks of the rows before the one it refuses when it
+// closes the channel, so which row failed cannot be told.
+func (d *Drainer) connectionFailure(e inflight, cause, reason string) outcome {
+	id := e.batch.claim.Rows[e.index].ID
+	if n := d.strikes.add(id, e.alone); n >= strikesToFail {
+		d.strikes.clear(id)
+		return outcome{kind: failed, reason: reasonConnectionFailures, detail: fmt.Sprintf(
+			"in flight, alone, through %d consecutive broker connection failures: the row breaks the connection (last: %s)", n, cause)}
+	}
+	return outcome{kind: released, reason: reason}
+}
+
+// strikesToFail is how many consecutive broker connection failures a row may
+// be in flight through, alone, before an attempt is counted against it. A row
+// can close the connection in ways no check before publishing catches (a
+// payload over the broker's max_message_size, a topic permission refused);
+// released each time, it would come back for ever, and take the rows
+// published beside it down with it, as duplicates.
+const strikesToFail = 3
+
+// maxStrikes bounds the rows remembered; a row published by another drainer
+// is never cleared here, so old entries are swept.
+const (
+	maxStrikes   = 10_000
+	strikeMaxAge = 10 * time.Minute
+)
+
+// strikes holds the suspects: the rows that were in flight when the
+// connection failed, with the failures each was in flight through alone. An
+// ack clears a row. Claim loop only.
+type strikes map[string]strike
+
+type strike struct {
+	alone int
+	last  time.Time
+}
+
+// suspect reports whether id was in flight when the connection failed.
+func (s strikes) suspect(id string) bool {
+	_, ok := s[id]
+	return ok
+}
+
+// add records a failure id was in flight through, counted if it was alone,
+// and returns the count.
+func (s strikes) add(id string, alone bool) int {
+	if len(s) >= maxStrikes {
+		for k, v := range s {
+			if time.Since(v.last) > strikeMaxAge {
+				delete(s, k)
+			}
+		}
+		if len(s) >= maxStrikes {
+			clear(s)
+		}
+	}
+	st := s[id]
+	if alone {
+		st.alone++
+	}
+	st.last = time.Now()
+	s[id] = st
+	return st.alone
+}
+
+func (s strikes) clear(id string) { delete(s, id) }

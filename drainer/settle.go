@@ -1,0 +1,100 @@
+package drainer
+
+import (
+	"context"
+)
+
+// Phase 3: settling each batch's outcomes in the table.
+
+// maxSettleGroup bounds how many completed batches one settle takes.
+const maxSettleGroup = 16
+
+// settleLoop settles batches as they complete. Batches that completed while
+// the previous settle ran go into one round trip together: with a trickle of
+// small claims, as LISTEN/NOTIFY brings, one round trip per claim would make
+// phase 3 the bottleneck, and the claim loop would wait on it.
+func (d *Drainer) settleLoop(ctx context.Context, settle <-chan *batch) {
+	for b := range settle {
+		group := []*batch{b}
+	gather:
+		for len(group) < maxSettleGroup {
+			select {
+			case b, ok := <-settle:
+				if !ok {
+					break gather
+				}
+				group = append(group, b)
+			default:
+				break gather
+			}
+		}
+		d.settle(ctx, group)
+		for _, b := range group {
+			d.held.remove(b.claim.Token)
+			close(b.settled)
+		}
+	}
+}
+
+// settlementOf groups the rows of batches by outcome.
+func settlementOf(group []*batch) Settlement {
+	var st Settlement
+	for _, b := range group {
+		for i, o := range b.outcomes {
+			lease := b.claim.lease(i)
+			switch o.kind {
+			case published:
+				st.Published = append(st.Published, lease)
+			case failed:
+				st.Failed = append(st.Failed, lease)
+				st.Reasons = append(st.Reasons, truncate(o.detail, maxLastErrorLength))
+			case released:
+				st.Released = append(st.Released, lease)
+			}
+		}
+	}
+	return st
+}
+
+// settle is phase 3, retried until the lease would have expired anyway: past
+// that, the rows are another claim's to publish again.
+func (d *Drainer) settle(ctx context.Context, group []*batch) {
+	st := settlementOf(group)
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseTTL)
+	defer cancel()
+	tries := 0
+	done, err := retry(ctx, d.log, "Settle failed; retrying", func() (Settled, error) {
+		tries++
+		return d.store.Settle(ctx, d.cfg.DrainerID, st, d.cfg.failurePolicy())
+	})
+	if err != nil {
+		d.log.Error("Settle gave up; the rows will be claimed again when their lease expires",
+			"rows", len(st.Published)+len(st.Failed)+len(st.Released), "error", err)
+		return
+	}
+	for _, b := range group {
+		for _, o := range b.outcomes {
+			switch o.kind {
+			case failed:
+				d.metrics.Failed.WithLabelValues(o.reason).Inc()
+			case released:
+				d.metrics.Released.WithLabelValues(o.reason).Inc()
+			}
+		}
+	}
+	d.metrics.Published.Add(float64(done.Published))
+	if done.Published > 0 {
+		d.metrics.LastPublish.SetToCurrentTime()
+	}
+	lost := int64(len(st.Published)+len(st.Failed)+len(st.Released)) - done.Published - done.Failed - done.Released
+	if lost > 0 && tries > 1 {
+		// The failed try may have committed before its connection broke:
+		// those rows are settled already, or taken over; no telling which.
+		d.log.Warn("Settle retried; some rows were already settled by the ambiguous try or claimed again",
+			"rows", lost, "tries", tries)
+	} else if lost > 0 {
+		d.metrics.LeaseLost.Add(float64(lost))
+		d.log.Warn("Lease lost: the rows' leases expired and they were claimed again, so this settle left them alone",
+			"rows", lost, "published", len(st.Published), "marked", done.Published)
+	}
+}

@@ -1,0 +1,34 @@
+package drainer
+
+import (
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+var _ = Describe("Settling", Label("integration"), func() {
+	It("is fenced on the claim itself: an older batch's failure does not touch the row its own drainer re-claimed", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 1)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		first, err := store.Claim(ctx, claimParams("drainer-a", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(first.Rows).To(HaveLen(1))
+		// The first claim's lease expires while its batch is still pending,
+		// and the same drainer claims the row again.
+		exec(ctx, "UPDATE "+spec.Name+" SET claimed_at = now() - interval '31 seconds', available_at = now() - interval '1 second'")
+		second, err := store.Claim(ctx, claimParams("drainer-a", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(second.Rows).To(HaveLen(1))
+
+		policy := FailurePolicy{InitialMillis: 1000, MaxMillis: 1000, MaxAttempts: 10}
+		done, err := store.Settle(ctx, "drainer-a", Settlement{Failed: first.Leases(), Reasons: []string{"confirm of the first claim lost"}}, policy)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done.Failed).To(BeZero(), "the first claim's settle changed nothing")
+		done, err = store.Settle(ctx, "drainer-a", Settlement{Published: second.Leases()}, policy)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done.Published).To(Equal(int64(1)))
+		Expect(count(ctx, spec.Name, "published_at IS NOT NULL AND attempts = 0")).To(Equal(1),
+			"published by the second claim, with no attempt counted by the first")
+	})
+})
