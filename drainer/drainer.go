@@ -155,6 +155,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 	// The first claim waits for the LISTEN, so that it finds every row
 	// inserted before the session was up, and no wake-up is needed to catch
 	// up. It waits no longer than a poll: the poll would claim by then.
+	d.liveness.beat(d.cfg.PollInterval)
 	select {
 	case <-listening:
 	case <-time.After(d.cfg.PollInterval):
@@ -322,9 +323,17 @@ type liveness struct {
 	stopping atomic.Bool
 }
 
-// beat records progress; the next step may wait for wait.
+// beat records progress; the next step may wait for wait. It never moves
+// the promise earlier: progress made inside a longer wait (a confirm
+// resolved while idling) leaves that wait's promise standing.
 func (l *liveness) beat(wait time.Duration) {
-	l.due.Store(time.Now().Add(wait + l.lease).UnixNano())
+	due := time.Now().Add(wait + l.lease).UnixNano()
+	for {
+		old := l.due.Load()
+		if due <= old || l.due.CompareAndSwap(old, due) {
+			return
+		}
+	}
 }
 
 // overdue is by how much the claim loop has overrun its promise at now.

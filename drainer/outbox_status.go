@@ -44,11 +44,10 @@ func (t *Table) OutboxStatus(maxAttempts int) Statement {
 // is reached the counts and the age are lower bounds: "at least".
 func (t *Table) BoundedOutboxStatus(maxAttempts, limit int) Statement {
 	c := t.cols
-	backlog := "attempts < $1"
-	availableAt := "NULL::timestamptz"
+	backlog, availableAt := "attempts < $1", ""
 	if c.AvailableAt != "" {
 		backlog += " AND available_at <> 'infinity'"
-		availableAt = q(c.AvailableAt)
+		availableAt = ", " + q(c.AvailableAt) + " AS available_at"
 	}
 	enqueuedAt, oldest := "NULL::timestamptz", "NULL::bigint"
 	if c.EnqueuedAt != "" {
@@ -66,7 +65,7 @@ func (t *Table) BoundedOutboxStatus(maxAttempts, limit int) Statement {
 		"\tcount(*) FILTER (WHERE NOT (" + backlog + ")),",
 		"\t" + oldest + ",",
 		"\t" + capped,
-		"FROM (SELECT " + q(c.Attempts) + " AS attempts, " + enqueuedAt + " AS enqueued_at, " + availableAt + " AS available_at",
+		"FROM (SELECT " + q(c.Attempts) + " AS attempts, " + enqueuedAt + " AS enqueued_at" + availableAt,
 		"\tFROM " + t.ident + " WHERE " + q(c.PublishedAt) + " IS NULL" + bound + ") pending",
 	}, "\n")
 	return Statement{SQL: sql, Args: args}
