@@ -75,7 +75,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		Image:     "ghcr.io/spillway-io/spillway:test",
 		// A short timeout, so a database that never answers shows as such
 		// within a spec's patience.
-		Prober: probe.New(mgr.GetAPIReader(), probe.NewMetrics(prometheus.NewRegistry()), probe.Options{Timeout: probeTimeout}),
+		Prober: probe.New(mgr.GetAPIReader(), mgr.GetEventRecorder("spillway-operator"), probe.NewMetrics(prometheus.NewRegistry()), probe.Options{Timeout: probeTimeout}),
 	}
 	mgrCtx, stop := context.WithCancel(context.Background())
 	Expect(reconciler.SetupWithManager(mgrCtx, mgr)).To(Succeed())

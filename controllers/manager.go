@@ -54,14 +54,19 @@ func NewScheme() (*runtime.Scheme, error) {
 // CacheOptions scope the manager's cache: the children only where they
 // carry the operator's label, and every object only in namespaces, when
 // set. Without the label selector, the operator would cache every
-// Deployment, Service, ServiceAccount and PodDisruptionBudget in the cluster.
+// Deployment, Service, ServiceAccount and PodDisruptionBudget in the
+// cluster. Of the drainer pods and of the nodes it keeps only what tells
+// whether a drainer is dead.
 func CacheOptions(namespaces []string) cache.Options {
 	managed := labels.SelectorFromSet(labels.Set{resource.ManagedByLabel: resource.ManagedBy})
+	drainers := labels.SelectorFromSet(labels.Set{resource.ManagedByLabel: resource.ManagedBy, resource.ComponentLabel: resource.Drainer})
 	opts := cache.Options{ByObject: map[client.Object]cache.ByObject{
 		&appsv1.Deployment{}:            {Label: managed},
 		&corev1.Service{}:               {Label: managed},
 		&corev1.ServiceAccount{}:        {Label: managed},
 		&policyv1.PodDisruptionBudget{}: {Label: managed},
+		&corev1.Pod{}:                   {Label: drainers, Transform: keepPodFields},
+		&corev1.Node{}:                  {Transform: keepNodeFields},
 	}}
 	if len(namespaces) > 0 {
 		opts.DefaultNamespaces = map[string]cache.Config{}
@@ -148,7 +153,7 @@ func ManagerCommand(ctx context.Context, args []string) error {
 		Scheme:    scheme,
 		Recorder:  mgr.GetEventRecorder("spillway-operator"),
 		Image:     *image,
-		Prober:    probe.New(mgr.GetAPIReader(), probe.DefaultMetrics(), probeOpts),
+		Prober:    probe.New(mgr.GetAPIReader(), mgr.GetEventRecorder("spillway-operator"), probe.DefaultMetrics(), probeOpts),
 	}
 	if err := reconciler.SetupWithManager(ctx, mgr); err != nil {
 		return err

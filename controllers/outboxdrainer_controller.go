@@ -18,6 +18,7 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
 	"k8s.io/utils/ptr"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -69,6 +70,9 @@ type OutboxDrainerReconciler struct {
 	Image string
 	// Prober reads the outboxes off the reconcile path.
 	Prober *probe.Prober
+
+	// departures are the drainer pods seen deleted.
+	departures departures
 }
 
 // +kubebuilder:rbac:groups=spillway.io,resources=outboxdrainers,verbs=get;list;watch
@@ -78,6 +82,8 @@ type OutboxDrainerReconciler struct {
 // +kubebuilder:rbac:groups="",resources=serviceaccounts;services,verbs=get;list;watch;create;patch
 // +kubebuilder:rbac:groups=policy,resources=poddisruptionbudgets,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=pods,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=nodes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=events.k8s.io,resources=events,verbs=create;patch
 
 // Reconcile applies the fleet's objects, tells the Prober what to read, and
@@ -86,35 +92,51 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	od := &v1alpha1.OutboxDrainer{}
 	if err := r.Get(ctx, req.NamespacedName, od); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.Prober.Forget(req.NamespacedName)
+			r.forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if !od.DeletionTimestamp.IsZero() {
 		// The children go with it, through their owner references.
-		r.Prober.Forget(req.NamespacedName)
+		r.forget(req.NamespacedName)
 		return ctrl.Result{}, nil
 	}
 
-	fleet := status.Fleet{Generation: od.Generation, Paused: od.Spec.Paused, DesiredReplicas: resource.DesiredReplicas(od)}
-	fleet.Deployment, fleet.Conflict, fleet.ApplyError = r.applyChildren(ctx, od)
-	if errors.Is(fleet.ApplyError, errCacheBehind) {
-		ctrl.LoggerFrom(ctx).V(1).Info("Retrying after a stale read", "error", fleet.ApplyError)
-		return ctrl.Result{RequeueAfter: cacheRetry}, nil
+	dead, err := r.deadDrainers(ctx, od)
+	if err != nil {
+		return ctrl.Result{}, err
 	}
-
 	read := r.Prober.Want(probe.Target{
 		Key:         req.NamespacedName,
+		UID:         od.UID,
 		Generation:  od.Generation,
 		Database:    od.Spec.Database,
 		Broker:      od.Spec.Broker.URLSecretRef,
 		MaxAttempts: int(od.Spec.MaxAttempts),
 		Interval:    od.Spec.StatusInterval.Duration,
+		LeaseTTL:    od.Spec.LeaseTTL.Duration,
+		Dead:        dead,
 	})
+	// The children are built from the fleet as sized by this read.
+	sized := od
+	if a := od.Spec.Autoscaling; a != nil {
+		sized = od.DeepCopy()
+		sized.Status.Autoscaling = status.Autoscale(*a, od.Status.Autoscaling, od.Status.Replicas, reading(read), time.Now())
+	}
+
+	fleet := status.Fleet{Generation: od.Generation, Paused: od.Spec.Paused, DesiredReplicas: resource.DesiredReplicas(sized)}
+	fleet.Deployment, fleet.Conflict, fleet.ApplyError = r.applyChildren(ctx, sized)
+	if errors.Is(fleet.ApplyError, errCacheBehind) {
+		ctrl.LoggerFrom(ctx).V(1).Info("Retrying after a stale read", "error", fleet.ApplyError)
+		return ctrl.Result{RequeueAfter: cacheRetry}, nil
+	}
+
 	next := nextStatus(od, fleet, read)
-	r.Prober.ReportReady(req.NamespacedName, meta.IsStatusConditionTrue(next.Conditions, string(v1alpha1.ConditionReady)))
+	next.Autoscaling = sized.Status.Autoscaling
+	r.Prober.ReportFleet(req.NamespacedName, meta.IsStatusConditionTrue(next.Conditions, string(v1alpha1.ConditionReady)), fleet.DesiredReplicas)
 	if !equality.Semantic.DeepEqual(&od.Status, next) {
 		warnings := status.Warnings(od.Status.Conditions, next.Conditions)
+		scaled := scaleEvent(od, next)
 		od.Status = *next
 		if err := r.Status().Update(ctx, od); isCacheBehind(err) {
 			ctrl.LoggerFrom(ctx).V(1).Info("Retrying after a stale read", "error", err)
@@ -124,6 +146,10 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		}
 		for _, c := range warnings {
 			r.Recorder.Eventf(od, nil, corev1.EventTypeWarning, c.Reason, "ReportStatus", "%s", c.Message)
+		}
+		if scaled != "" {
+			ctrl.LoggerFrom(ctx).Info("Scaled OutboxDrainer", "replicas", next.Autoscaling.DesiredReplicas, "reason", next.Autoscaling.Reason)
+			r.Recorder.Eventf(od, nil, corev1.EventTypeNormal, "Scaled", "Scale", "%s", scaled)
 		}
 	}
 	if fleet.ApplyError != nil {
@@ -137,8 +163,38 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 	return ctrl.Result{}, nil
 }
 
+// forget drops what the operator keeps of a deleted fleet.
+func (r *OutboxDrainerReconciler) forget(key types.NamespacedName) {
+	r.Prober.Forget(key)
+	r.departures.forget(key)
+}
+
 // conflictRetry is how often a fleet blocked by another's object looks again.
 const conflictRetry = time.Minute
+
+// reading is what autoscaling learns from the Prober's latest result: nil
+// until a read succeeded, and while reads fail, so that no count follows
+// old numbers.
+func reading(read *probe.Result) *status.Reading {
+	if read == nil || read.Outbox == nil {
+		return nil
+	}
+	o := read.Outbox
+	return &status.Reading{Backlog: o.Backlog, OldestPendingAge: o.OldestPendingAge, AgeKnown: o.AgeKnown, Time: read.Time}
+}
+
+// scaleEvent is the note of the event that a change of autoscaling's count
+// records, or "".
+func scaleEvent(od *v1alpha1.OutboxDrainer, next *v1alpha1.OutboxDrainerStatus) string {
+	if next.Autoscaling == nil {
+		return ""
+	}
+	before := od.Status.Replicas
+	if od.Status.Autoscaling != nil {
+		before = od.Status.Autoscaling.DesiredReplicas
+	}
+	return status.ScaleEvent(before, next.Autoscaling)
+}
 
 // nextStatus is what this reconcile observed: the fleet as applied, and the
 // outbox as the Prober last read it.
@@ -327,6 +383,12 @@ func (r *OutboxDrainerReconciler) SetupWithManager(ctx context.Context, mgr ctrl
 	if err != nil {
 		return fmt.Errorf("index OutboxDrainers by Secret: %w", err)
 	}
+	err = mgr.GetFieldIndexer().IndexField(ctx, &corev1.Pod{}, podNodeIndex, func(o client.Object) []string {
+		return []string{o.(*corev1.Pod).Spec.NodeName}
+	})
+	if err != nil {
+		return fmt.Errorf("index drainer pods by Node: %w", err)
+	}
 	if err := mgr.Add(r.Prober); err != nil {
 		return fmt.Errorf("add the outbox prober: %w", err)
 	}
@@ -341,6 +403,10 @@ func (r *OutboxDrainerReconciler) SetupWithManager(ctx context.Context, mgr ctrl
 		// Metadata is enough to notice a Secret appear or change, and keeps
 		// every Secret's value out of the operator's memory.
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.drainersUsingSecret), builder.OnlyMetadata).
+		// A drainer pod that dies, and a node that becomes unreachable,
+		// name drainers whose claims to release at once.
+		Watches(&corev1.Pod{}, r.drainerPodEvents()).
+		Watches(&corev1.Node{}, r.nodeEvents()).
 		// Each read of an outbox, done or failed, comes back as an event.
 		WatchesRawSource(r.Prober.Source()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).

@@ -212,13 +212,61 @@ type PodOverlay struct {
 	PlatformAssignsUser bool `json:"platformAssignsUser,omitempty"`
 }
 
+// Autoscaling sizes a fleet from its outbox: every read of the outbox
+// recommends a count, the larger of the backlog's and the oldest pending
+// age's; the fleet grows to a higher recommendation at once, and shrinks
+// only to the highest recommendation of the last scaleDownStabilization.
+//
+// +kubebuilder:validation:XValidation:rule="self.minReplicas <= self.maxReplicas",fieldPath=".minReplicas",reason="FieldValueInvalid",messageExpression="'minReplicas %d is above maxReplicas %d'.format([self.minReplicas, self.maxReplicas])"
+type Autoscaling struct {
+	// MinReplicas is the fewest drainers. At 0 an idle fleet runs no pods,
+	// and the first read that finds a backlog starts them.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:default=1
+	// +optional
+	MinReplicas *int32 `json:"minReplicas,omitempty"`
+	// MaxReplicas is the most drainers.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +required
+	MaxReplicas int32 `json:"maxReplicas"`
+	// TargetBacklogPerReplica is the backlog one drainer is sized for: the
+	// backlog recommends ceil(backlog / targetBacklogPerReplica) drainers.
+	// +kubebuilder:validation:Minimum=1
+	// +required
+	TargetBacklogPerReplica int64 `json:"targetBacklogPerReplica"`
+	// TargetOldestPendingAge, when set, also recommends
+	// ceil(replicas × oldestPendingAge / targetOldestPendingAge) drainers,
+	// so a backlog that ages grows the fleet even below the backlog target.
+	// A table without an enqueuedAt column has no age, and only the
+	// backlog counts.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive"
+	// +optional
+	TargetOldestPendingAge *metav1.Duration `json:"targetOldestPendingAge,omitempty"`
+	// ScaleDownStabilization is how long a lower recommendation must hold
+	// before the fleet shrinks: it shrinks to the highest recommendation of
+	// that window, so a backlog that comes in waves keeps its drainers.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:default="5m"
+	// +optional
+	ScaleDownStabilization metav1.Duration `json:"scaleDownStabilization,omitzero"`
+}
+
 // OutboxDrainerSpec declares a fleet of drainers for one outbox table. The
 // defaults are the drainer's own.
 //
 // +kubebuilder:validation:XValidation:rule="duration(self.leaseTTL).getMilliseconds() >= 300 * self.pipelineDepth",fieldPath=".leaseTTL",reason="FieldValueInvalid",messageExpression="'leaseTTL %s is too short: the lease rule is leaseTTL >= 3 × pipelineDepth × 100ms = %dms for pipelineDepth %d'.format([self.leaseTTL, 300 * self.pipelineDepth, self.pipelineDepth])"
+// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || self.replicas == 1",fieldPath=".replicas",reason="FieldValueForbidden",messageExpression="'replicas is %d, but autoscaling sets the replica count: remove replicas (it defaults to 1), or remove autoscaling to scale the fleet with kubectl scale, an HPA or KEDA'.format([self.replicas])"
 type OutboxDrainerSpec struct {
 	// Replicas is the number of drainers. They share the outbox through
-	// leases, so any number is safe.
+	// leases, so any number is safe. It is the scale subresource's count,
+	// which kubectl scale, an HPA or KEDA set. With autoscaling, the
+	// operator sets the count instead, and replicas keeps its default.
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:default=1
 	// +optional
@@ -226,6 +274,10 @@ type OutboxDrainerSpec struct {
 	// Paused scales the fleet to zero; the status is still reported.
 	// +optional
 	Paused bool `json:"paused,omitempty"`
+	// Autoscaling sizes the fleet from its outbox's backlog instead of
+	// replicas.
+	// +optional
+	Autoscaling *Autoscaling `json:"autoscaling,omitempty"`
 
 	// +required
 	Database DatabaseSpec `json:"database"`
@@ -354,10 +406,39 @@ type OutboxDrainerStatus struct {
 	// +optional
 	LastProbeTime *metav1.Time `json:"lastProbeTime,omitempty"`
 
+	// Autoscaling is what autoscaling decided, and why; set while
+	// spec.autoscaling is.
+	// +optional
+	Autoscaling *AutoscalingStatus `json:"autoscaling,omitempty"`
+
 	// +listType=map
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// AutoscalingStatus is the count autoscaling set, and why.
+type AutoscalingStatus struct {
+	// DesiredReplicas is the number of drainers autoscaling set.
+	DesiredReplicas int32 `json:"desiredReplicas"`
+	// Reason says how the last read of the outbox led to it.
+	// +optional
+	Reason string `json:"reason,omitempty"`
+	// LastScaleTime is when autoscaling last changed the count.
+	// +optional
+	LastScaleTime *metav1.Time `json:"lastScaleTime,omitempty"`
+	// Recommendations are the recommendations of the scale-down
+	// stabilization window that can still hold the count up, oldest and
+	// highest first: each is higher than every later one.
+	// +listType=atomic
+	// +optional
+	Recommendations []Recommendation `json:"recommendations,omitempty"`
+}
+
+// Recommendation is the count one read of the outbox recommended.
+type Recommendation struct {
+	Replicas int32       `json:"replicas"`
+	Time     metav1.Time `json:"time"`
 }
 
 // OutboxDrainer is a fleet of drainers moving one outbox table's rows to
@@ -373,6 +454,7 @@ type OutboxDrainerStatus struct {
 // +kubebuilder:printcolumn:name="Poisoned",type=integer,JSONPath=`.status.poisoned`
 // +kubebuilder:printcolumn:name="Oldest",type=string,JSONPath=`.status.oldestPendingAge`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
+// +kubebuilder:printcolumn:name="Desired",type=integer,priority=1,JSONPath=`.status.autoscaling.desiredReplicas`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 55",message="metadata.name must be at most 55 characters, so that <name>-metrics is a valid Service name"
 type OutboxDrainer struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -20,8 +20,13 @@ type Metrics struct {
 	LastRead         *prometheus.GaugeVec
 	ProbeDuration    *prometheus.HistogramVec
 	ProbeErrors      *prometheus.CounterVec
-	// Ready is the fleet's Ready condition, which the reconciler reports.
-	Ready *prometheus.GaugeVec
+	// ReleasedClaims counts the rows whose claims the operator gave back
+	// for a dead drainer.
+	ReleasedClaims *prometheus.CounterVec
+	// Ready is the fleet's Ready condition, and DesiredReplicas its size,
+	// which the reconciler reports.
+	Ready           *prometheus.GaugeVec
+	DesiredReplicas *prometheus.GaugeVec
 }
 
 var (
@@ -60,9 +65,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Reads of the outbox that failed, by the DatabaseReachable condition's reason.",
 		}, append(fleet, "reason")),
 	}
+	m.ReleasedClaims = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: "spillway", Subsystem: "outbox", Name: "released_claims_total",
+		Help: "Rows whose claims the operator released because their drainer was dead, by why: PodGone, PodFailed, NodeUnreachable.",
+	}, append(fleet, "reason"))
 	m.Ready = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "spillway", Subsystem: "outboxdrainer", Name: "ready",
 		Help: "1 while the OutboxDrainer's Ready condition is True: every desired drainer ready and the outbox read."}, fleet)
-	reg.MustRegister(m.Backlog, m.Poisoned, m.OldestPendingAge, m.CountCapped, m.LastRead, m.ProbeDuration, m.ProbeErrors, m.Ready)
+	m.DesiredReplicas = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "spillway", Subsystem: "outboxdrainer", Name: "desired_replicas",
+		Help: "Drainers the fleet should run: spec.replicas, or autoscaling's count; 0 while paused."}, fleet)
+	reg.MustRegister(m.Backlog, m.Poisoned, m.OldestPendingAge, m.CountCapped, m.LastRead, m.ProbeDuration, m.ProbeErrors,
+		m.ReleasedClaims, m.Ready, m.DesiredReplicas)
 	return m
 }
 
@@ -98,9 +110,10 @@ func (m *Metrics) record(key types.NamespacedName, r *Result, elapsed time.Durat
 // forget removes every series of a deleted fleet.
 func (m *Metrics) forget(key types.NamespacedName) {
 	labels := prometheus.Labels{"namespace": key.Namespace, "name": key.Name}
-	for _, g := range []*prometheus.GaugeVec{m.Backlog, m.Poisoned, m.OldestPendingAge, m.CountCapped, m.LastRead, m.Ready} {
+	for _, g := range []*prometheus.GaugeVec{m.Backlog, m.Poisoned, m.OldestPendingAge, m.CountCapped, m.LastRead, m.Ready, m.DesiredReplicas} {
 		g.Delete(labels)
 	}
 	m.ProbeDuration.DeletePartialMatch(labels)
 	m.ProbeErrors.DeletePartialMatch(labels)
+	m.ReleasedClaims.DeletePartialMatch(labels)
 }

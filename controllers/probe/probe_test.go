@@ -14,7 +14,7 @@ func TestProbe(t *testing.T) {
 }
 
 var _ = Describe("The Prober's schedule", func() {
-	p := New(nil, nil, Options{MaxBackoff: 5 * time.Minute})
+	p := New(nil, nil, nil, Options{MaxBackoff: 5 * time.Minute})
 
 	DescribeTable("reads a healthy outbox every status interval, and a failing one ever less often, up to the cap",
 		func(interval time.Duration, failures int, wait time.Duration) {

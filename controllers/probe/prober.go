@@ -7,11 +7,13 @@ package probe
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/events"
 	"k8s.io/client-go/util/workqueue"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -25,19 +27,38 @@ import (
 
 // Target is what to read for one fleet; a change of it is read at once.
 type Target struct {
-	Key        types.NamespacedName
+	Key types.NamespacedName
+	// UID names the fleet in the events the Prober records.
+	UID        types.UID
 	Generation int64
 	Database   v1alpha1.DatabaseSpec
 	Broker     v1alpha1.SecretKeyRef
 	// MaxAttempts is the fleet's poison threshold.
 	MaxAttempts int
 	Interval    time.Duration
+	// LeaseTTL is the fleet's lease: a claim is held at most that long.
+	LeaseTTL time.Duration
+	// Dead are the fleet's drainers that are dead while their claims may
+	// still be held, sorted by ID. Every read releases their claims, so
+	// that the rows are published again at once rather than when their
+	// lease expires.
+	Dead []DeadDrainer
+}
+
+// DeadDrainer is a drainer of the fleet that will settle nothing more.
+type DeadDrainer struct {
+	// ID is the drainer's ID: its pod's name.
+	ID string
+	// Reason is a short CamelCase cause, the metric's label; Message says
+	// it in words.
+	Reason, Message string
 }
 
 func (t Target) same(o Target) bool {
-	return t.Key == o.Key && t.Generation == o.Generation && t.Broker == o.Broker && t.MaxAttempts == o.MaxAttempts &&
+	return t.Key == o.Key && t.UID == o.UID && t.Generation == o.Generation && t.Broker == o.Broker && t.MaxAttempts == o.MaxAttempts &&
 		t.Interval == o.Interval && t.Database.URLSecretRef == o.Database.URLSecretRef && t.Database.Table == o.Database.Table &&
-		t.Database.Columns == o.Database.Columns && t.Database.RoutingKey == o.Database.RoutingKey
+		t.Database.Columns == o.Database.Columns && t.Database.RoutingKey == o.Database.RoutingKey &&
+		t.LeaseTTL == o.LeaseTTL && slices.Equal(t.Dead, o.Dead)
 }
 
 // Result is one read of a fleet's Secrets and outbox.
@@ -96,8 +117,10 @@ type Prober struct {
 	// secrets reads Secrets straight from the API server: the manager
 	// caches only their metadata.
 	secrets client.Reader
-	opts    Options
-	metrics *Metrics
+	// recorder records the releases of dead drainers' claims on their fleet.
+	recorder events.EventRecorder
+	opts     Options
+	metrics  *Metrics
 
 	queue  workqueue.TypedDelayingInterface[types.NamespacedName]
 	events chan event.TypedGenericEvent[client.Object]
@@ -110,12 +133,13 @@ type Prober struct {
 }
 
 // New returns a Prober; add it to the manager, and watch its Source.
-func New(secrets client.Reader, metrics *Metrics, opts Options) *Prober {
+func New(secrets client.Reader, recorder events.EventRecorder, metrics *Metrics, opts Options) *Prober {
 	opts = opts.withDefaults()
 	return &Prober{
-		secrets: secrets,
-		opts:    opts,
-		metrics: metrics,
+		secrets:  secrets,
+		recorder: recorder,
+		opts:     opts,
+		metrics:  metrics,
 		queue: workqueue.NewTypedDelayingQueueWithConfig(workqueue.TypedDelayingQueueConfig[types.NamespacedName]{
 			Name: "outbox-probe",
 		}),
@@ -174,14 +198,15 @@ func (p *Prober) Forget(key types.NamespacedName) {
 	}
 }
 
-// ReportReady publishes a fleet's Ready condition beside its outbox's
-// numbers, so one scrape has both.
-func (p *Prober) ReportReady(key types.NamespacedName, ready bool) {
+// ReportFleet publishes a fleet's Ready condition and its desired size
+// beside its outbox's numbers, so one scrape has them all.
+func (p *Prober) ReportFleet(key types.NamespacedName, ready bool, desired int32) {
 	v := 0.0
 	if ready {
 		v = 1
 	}
 	p.metrics.Ready.WithLabelValues(key.Namespace, key.Name).Set(v)
+	p.metrics.DesiredReplicas.WithLabelValues(key.Namespace, key.Name).Set(float64(desired))
 }
 
 // NeedLeaderElection is true: only the leader reads outboxes.

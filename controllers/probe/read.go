@@ -7,8 +7,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
@@ -107,7 +110,52 @@ func (p *Prober) queryOutbox(ctx context.Context, t Target, url string) (reason,
 	if err != nil {
 		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
+	_ = tx.Rollback(ctx)
+	p.releaseDead(ctx, conn, resolved, t, url)
 	return v1alpha1.ReasonOutboxRead, "Read the outbox table " + resolved.Name(), &o
+}
+
+// releaseDead gives back the claims of the fleet's dead drainers, as the
+// start-up release they will never run would: through the table mapping,
+// fenced on the drainer's ID and on live leases, so that it touches only
+// the rows the dead drainer holds. A drainer that is only cut off (its
+// node unreachable) and still publishing settles nothing of what it loses
+// here: its settles are fenced on their claims, so the rows are published
+// again, a duplicate and never a loss. Each release is a short
+// transaction of its own, bounded on the server like the read.
+func (p *Prober) releaseDead(ctx context.Context, conn *pgxpool.Conn, table *drainer.Table, t Target, url string) {
+	log := ctrl.LoggerFrom(ctx).WithValues("outboxdrainer", t.Key)
+	fleet := &v1alpha1.OutboxDrainer{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "OutboxDrainer"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: t.Key.Namespace, Name: t.Key.Name, UID: t.UID},
+	}
+	limits := drainer.ProbeLimits(p.opts.Timeout)
+	for _, d := range t.Dead {
+		release := table.ReleaseHeld(d.ID, t.LeaseTTL, nil)
+		var released int64
+		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, limits.SQL, limits.Args...); err != nil {
+				return err
+			}
+			tag, err := tx.Exec(ctx, release.SQL, release.Args...)
+			released = tag.RowsAffected()
+			return err
+		})
+		if err != nil {
+			err = noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout)
+			log.Error(err, "Failed to release the claims of a dead drainer", "drainer", d.ID)
+			p.recorder.Eventf(fleet, nil, corev1.EventTypeWarning, "FailedReleaseClaims", "ReleaseClaims",
+				"Failed to release the claims of drainer %s (%s): %v", d.ID, d.Message, err)
+			continue
+		}
+		if released == 0 {
+			continue
+		}
+		p.metrics.ReleasedClaims.WithLabelValues(t.Key.Namespace, t.Key.Name, d.Reason).Add(float64(released))
+		log.Info("Released the claims of a dead drainer", "drainer", d.ID, "reason", d.Reason, "rows", released)
+		p.recorder.Eventf(fleet, nil, corev1.EventTypeNormal, "ReleasedClaims", "ReleaseClaims",
+			"Released %d claims of drainer %s: %s", released, d.ID, d.Message)
+	}
 }
 
 // noAnswer says plainly that the database did not answer in time, where

@@ -7,6 +7,7 @@ package resource
 import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -70,21 +71,37 @@ func (b *OutboxDrainerResourceBuilder) owned(obj client.Object) (client.Object, 
 	return obj, nil
 }
 
-// DesiredReplicas is the fleet's size: zero while paused.
+// DesiredReplicas is the fleet's size: zero while paused; with
+// autoscaling, the count in its status, and minReplicas until it has one.
 func DesiredReplicas(od *v1alpha1.OutboxDrainer) int32 {
-	if od.Spec.Paused || od.Spec.Replicas == nil {
+	switch {
+	case od.Spec.Paused:
+		return 0
+	case od.Spec.Autoscaling != nil:
+		if a := od.Status.Autoscaling; a != nil {
+			return a.DesiredReplicas
+		}
+		return ptr.Deref(od.Spec.Autoscaling.MinReplicas, 1)
+	case od.Spec.Replicas == nil:
 		return 0
 	}
 	return *od.Spec.Replicas
 }
 
+// The labels that select a fleet's pods: the instance names the fleet.
+const (
+	ComponentLabel = "app.kubernetes.io/component"
+	Drainer        = "drainer"
+	InstanceLabel  = "app.kubernetes.io/instance"
+)
+
 // SelectorLabels select one fleet's pods; they never change, as a
 // Deployment's selector cannot.
 func SelectorLabels(od *v1alpha1.OutboxDrainer) map[string]string {
 	return map[string]string{
-		"app.kubernetes.io/name":      "spillway",
-		"app.kubernetes.io/component": "drainer",
-		"app.kubernetes.io/instance":  od.Name,
+		"app.kubernetes.io/name": "spillway",
+		ComponentLabel:           Drainer,
+		InstanceLabel:            od.Name,
 	}
 }
 

@@ -35,4 +35,11 @@ func (b *PodDisruptionBudgetBuilder) Build() (client.Object, error) {
 // Wanted is true for a fleet of more than one drainer. With one, a budget
 // of one unavailable pod would let a drain take the only drainer anyway,
 // so it would only add an object; with none there is nothing to protect.
-func (b *PodDisruptionBudgetBuilder) Wanted() bool { return DesiredReplicas(b.Instance) > 1 }
+// An autoscaled fleet that may grow past one keeps its budget as it
+// scales, rather than create and delete it with every scale.
+func (b *PodDisruptionBudgetBuilder) Wanted() bool {
+	if a := b.Instance.Spec.Autoscaling; a != nil {
+		return a.MaxReplicas > 1
+	}
+	return DesiredReplicas(b.Instance) > 1
+}
