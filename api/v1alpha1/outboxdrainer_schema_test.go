@@ -127,6 +127,10 @@ var _ = Describe("The OutboxDrainer schema", Label("integration"), func() {
 		Entry("a positive retention", all(set("retention.published", "72h"), set("retention.unpublishedMaxAge", "720h"))),
 		Entry("zero replicas", set("replicas", int64(0))),
 		Entry("the default exchange with mandatory on", all(unset("broker.exchange"), set("broker.mandatory", true))),
+		Entry("autoscaling down to zero", set("autoscaling", map[string]any{"minReplicas": int64(0), "maxReplicas": int64(4),
+			"targetBacklogPerReplica": int64(25_000), "targetOldestPendingAge": "1m", "scaleDownStabilization": "0s"})),
+		Entry("autoscaling beside the default replicas, which kubectl apply may send", all(set("replicas", int64(1)),
+			set("autoscaling", map[string]any{"maxReplicas": int64(1), "targetBacklogPerReplica": int64(1)}))),
 	)
 
 	DescribeTable("rejects, naming the field and the rule,",
@@ -163,7 +167,36 @@ var _ = Describe("The OutboxDrainer schema", Label("integration"), func() {
 		Entry("the default exchange without mandatory, which drops unroutable rows", unset("broker.exchange"),
 			"set an exchange, or broker.mandatory to publish to the default exchange"),
 		Entry("an empty exchange without mandatory", set("broker.exchange", ""), "spec.broker.exchange: Invalid value"),
+		Entry("replicas set by hand beside autoscaling", all(set("replicas", int64(3)),
+			set("autoscaling", map[string]any{"maxReplicas": int64(4), "targetBacklogPerReplica": int64(100)})),
+			"spec.replicas: Forbidden: replicas is 3, but autoscaling sets the replica count: remove replicas (it defaults to 1), "+
+				"or remove autoscaling to scale the fleet with kubectl scale, an HPA or KEDA"),
+		Entry("autoscaling with minReplicas above maxReplicas",
+			set("autoscaling", map[string]any{"minReplicas": int64(5), "maxReplicas": int64(4), "targetBacklogPerReplica": int64(100)}),
+			"spec.autoscaling.minReplicas: Invalid value: minReplicas 5 is above maxReplicas 4"),
+		Entry("autoscaling without maxReplicas", set("autoscaling", map[string]any{"targetBacklogPerReplica": int64(100)}),
+			"spec.autoscaling.maxReplicas: Required value"),
+		Entry("autoscaling without a backlog target", set("autoscaling", map[string]any{"maxReplicas": int64(4)}),
+			"spec.autoscaling.targetBacklogPerReplica: Required value"),
+		Entry("a backlog target of 0", set("autoscaling", map[string]any{"maxReplicas": int64(4), "targetBacklogPerReplica": int64(0)}),
+			"spec.autoscaling.targetBacklogPerReplica: Invalid value: 0"),
+		Entry("a zero age target", set("autoscaling", map[string]any{"maxReplicas": int64(4), "targetBacklogPerReplica": int64(1),
+			"targetOldestPendingAge": "0s"}), `spec.autoscaling.targetOldestPendingAge: Invalid value: "0s": must be positive`),
 	)
+
+	It("defaults autoscaling's minReplicas and stabilization window, and keeps an explicit minReplicas of 0", func(ctx SpecContext) {
+		defaulted := manifest(set("autoscaling", map[string]any{"maxReplicas": int64(4), "targetBacklogPerReplica": int64(100)}))
+		Expect(k8s.Create(ctx, defaulted)).To(Succeed())
+		var od v1alpha1.OutboxDrainer
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(defaulted), &od)).To(Succeed())
+		Expect(od.Spec.Autoscaling.MinReplicas).To(Equal(ptr.To(int32(1))))
+		Expect(od.Spec.Autoscaling.ScaleDownStabilization.Duration).To(Equal(5 * time.Minute))
+
+		zero := manifest(set("autoscaling", map[string]any{"minReplicas": int64(0), "maxReplicas": int64(4), "targetBacklogPerReplica": int64(100)}))
+		Expect(k8s.Create(ctx, zero)).To(Succeed())
+		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(zero), &od)).To(Succeed())
+		Expect(od.Spec.Autoscaling.MinReplicas).To(Equal(ptr.To(int32(0))))
+	})
 
 	It("rejects a name too long for the metrics Service's", func(ctx SpecContext) {
 		u := manifest(nil)

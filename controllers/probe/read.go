@@ -131,6 +131,12 @@ func (p *Prober) releaseDead(ctx context.Context, conn *pgxpool.Conn, table *dra
 	}
 	limits := drainer.ProbeLimits(p.opts.Timeout)
 	for _, d := range t.Dead {
+		// The pod is the event's related object: the recorder folds events
+		// of the same object, reason and related object into one series.
+		pod := &corev1.Pod{
+			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
+			ObjectMeta: metav1.ObjectMeta{Namespace: t.Key.Namespace, Name: d.ID},
+		}
 		release := table.ReleaseHeld(d.ID, t.LeaseTTL, nil)
 		var released int64
 		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
@@ -144,7 +150,7 @@ func (p *Prober) releaseDead(ctx context.Context, conn *pgxpool.Conn, table *dra
 		if err != nil {
 			err = noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout)
 			log.Error(err, "Failed to release the claims of a dead drainer", "drainer", d.ID)
-			p.recorder.Eventf(fleet, nil, corev1.EventTypeWarning, "FailedReleaseClaims", "ReleaseClaims",
+			p.recorder.Eventf(fleet, pod, corev1.EventTypeWarning, "FailedReleaseClaims", "ReleaseClaims",
 				"Failed to release the claims of drainer %s (%s): %v", d.ID, d.Message, err)
 			continue
 		}
@@ -153,7 +159,7 @@ func (p *Prober) releaseDead(ctx context.Context, conn *pgxpool.Conn, table *dra
 		}
 		p.metrics.ReleasedClaims.WithLabelValues(t.Key.Namespace, t.Key.Name, d.Reason).Add(float64(released))
 		log.Info("Released the claims of a dead drainer", "drainer", d.ID, "reason", d.Reason, "rows", released)
-		p.recorder.Eventf(fleet, nil, corev1.EventTypeNormal, "ReleasedClaims", "ReleaseClaims",
+		p.recorder.Eventf(fleet, pod, corev1.EventTypeNormal, "ReleasedClaims", "ReleaseClaims",
 			"Released %d claims of drainer %s: %s", released, d.ID, d.Message)
 	}
 }
