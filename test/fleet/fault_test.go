@@ -11,8 +11,10 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
+	eventsv1 "k8s.io/api/events/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -33,6 +35,9 @@ type fault struct {
 	lost     []string
 	dups     int
 	recovery time.Duration // from the injection to a drained backlog
+	// released is how long after the injection a victim's claimed events
+	// were published, where a fault measures it.
+	released time.Duration
 	notes    []string
 }
 
@@ -128,10 +133,25 @@ func drainerWithClaims(ctx context.Context, outbox testenv.Outbox) (string, []st
 }
 
 // waitPublished waits until every event a victim held a claim on is
-// published, and notes how long that took.
-func waitPublished(ctx context.Context, f *fault, outbox testenv.Outbox, victim string, ids []string) {
+// published, notes how long that took, and returns it.
+func waitPublished(ctx context.Context, f *fault, outbox testenv.Outbox, victim string, ids []string) time.Duration {
 	Eventually(func() (int, error) { return outbox.Unpublished(ctx, ids) }, 2*time.Minute, 50*time.Millisecond).Should(BeZero())
-	f.note("the %d events %s held claims on were published %.1fs after the fault", len(ids), victim, (f.timeline.Since() - f.injected).Seconds())
+	took := f.timeline.Since() - f.injected
+	f.note("the %d events %s held claims on were published %.1fs after the fault", len(ids), victim, took.Seconds())
+	return took
+}
+
+// eventsOf lists the events about an OutboxDrainer, as "Reason: note".
+func eventsOf(ctx context.Context, namespace, name string) []string {
+	var list eventsv1.EventList
+	Expect(k8s.List(ctx, &list, client.InNamespace(namespace))).To(Succeed())
+	var out []string
+	for _, e := range list.Items {
+		if e.Regarding.Kind == "OutboxDrainer" && e.Regarding.Name == name {
+			out = append(out, e.Reason+": "+e.Note)
+		}
+	}
+	return out
 }
 
 // waitGone waits until a pod is gone from the API server.

@@ -296,18 +296,34 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 			})
 		})
 
-		It("survives a drainer pod force-deleted while its node hangs, by the lease", func(ctx SpecContext) {
-			check(ctx, "drainer pod force-deleted, its process frozen", func(ctx context.Context, f *fault) {
-				victim, claimed := drainerWithClaims(ctx, outbox)
+		It("releases at once the claims of a drainer pod force-deleted while its node hangs: with leaseTTL 60s, they are published within 5s", func(ctx SpecContext) {
+			// A lease long enough that only the operator's release can
+			// explain a quick recovery.
+			mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"leaseTTL":"60s"}}`)
+			Eventually(func(g Gomega) {
+				list := pods(ctx, shop, drainerLabels)
+				g.Expect(list).To(HaveLen(2))
+				for _, p := range list {
+					g.Expect(ready(p)).To(BeTrue())
+					g.Expect(p.Spec.Containers[0].Args).To(ContainElement("--lease-ttl=1m0s"))
+				}
+			}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
+			var victim string
+			f := check(ctx, "drainer pod force-deleted, its process frozen, leaseTTL 60s", func(ctx context.Context, f *fault) {
+				var claimed []string
+				victim, claimed = drainerWithClaims(ctx, outbox)
 				// A hung node: the process runs no more and releases nothing.
 				Expect(cluster.Node.Signal(shop, victim, "drainer", syscall.SIGSTOP)).To(Succeed())
 				mustRun("kubectl", "delete", "pod", victim, "--namespace", shop, "--grace-period=0", "--force")
 				f.inject("%s frozen (SIGSTOP), then force-deleted, holding %d claims", victim, len(claimed))
+				// The operator sees the pod gone and releases its claims;
+				// the lease alone would hold them for a minute.
+				f.released = waitPublished(ctx, f, outbox, victim, claimed)
 				waitDrainers(ctx, f, 2)
-				// Its claims stay until their lease (leaseTTL, 30s) expires
-				// and another drainer takes them over.
-				waitPublished(ctx, f, outbox, victim, claimed)
 			})
+			Expect(f.released).To(BeNumerically("<", 5*time.Second), "the frozen drainer's rows published after the deletion:\n%s", f.timeline)
+			Eventually(func() []string { return eventsOf(ctx, shop, fleetName) }, time.Minute).
+				Should(ContainElement(MatchRegexp(`^ReleasedClaims: Released \d+ claims of drainer %s: its pod %[1]s is gone$`, victim)))
 		})
 
 		It("survives kubectl scale outboxdrainer to 3 replicas, then to 1, mid-drain", func(ctx SpecContext) {
@@ -480,6 +496,8 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 			})
 		})
 	})
+
+	describeAutoscaling()
 })
 
 func ptrTo[T any](v T) *T { return &v }

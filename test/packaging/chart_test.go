@@ -247,12 +247,14 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 		generated := manifestsFile("config/rbac/role.yaml")
 		want := normalized(object[rbacv1.ClusterRole](generated, "ClusterRole", "spillway-operator").Rules)
 		objs := mustRender("--set", "metrics.secure=true")
-		Expect(normalized(append(object[rbacv1.ClusterRole](objs, "ClusterRole", "spillway").Rules,
-			object[rbacv1.ClusterRole](objs, "ClusterRole", "spillway-metrics-auth").Rules...))).To(Equal(want),
-			"the operator's rules, and secure metrics' token and access reviews")
+		nodes := object[rbacv1.ClusterRole](objs, "ClusterRole", "spillway-nodes").Rules
+		auth := object[rbacv1.ClusterRole](objs, "ClusterRole", "spillway-metrics-auth").Rules
+		Expect(normalized(slices.Concat(object[rbacv1.ClusterRole](objs, "ClusterRole", "spillway").Rules, nodes, auth))).To(Equal(want),
+			"the operator's rules, the nodes', and secure metrics' token and access reviews")
 		scoped := mustRender("--set", "watchNamespaces={shop}")
-		Expect(normalized(append(object[rbacv1.Role](scoped, "Role", "spillway").Rules,
-			object[rbacv1.ClusterRole](objs, "ClusterRole", "spillway-metrics-auth").Rules...))).To(Equal(want))
+		Expect(normalized(slices.Concat(object[rbacv1.Role](scoped, "Role", "spillway").Rules,
+			object[rbacv1.ClusterRole](scoped, "ClusterRole", "spillway-nodes").Rules, auth))).To(Equal(want),
+			"nodes are cluster-scoped: their ClusterRole stays beside the Roles")
 		Expect(find(scoped, "Role", "spillway").GetNamespace()).To(Equal("shop"))
 		Expect(kinds(mustRender())).NotTo(ContainElement(HavePrefix("ClusterRole/spillway-metrics")), "no token reviews unless metrics are secure")
 		Expect(normalized(object[rbacv1.Role](mustRender(), "Role", "spillway-leader-election").Rules)).

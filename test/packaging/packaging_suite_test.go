@@ -169,13 +169,21 @@ func object[T any](objs []*unstructured.Unstructured, kind, name string) T {
 // normalized sorts rules and the lists within each, so that rule sets
 // compare as sets: RBAC grants the same whatever the order.
 func normalized(rules []rbacv1.PolicyRule) []rbacv1.PolicyRule {
-	out := make([]rbacv1.PolicyRule, len(rules))
-	for i, r := range rules {
-		r = *r.DeepCopy()
-		for _, list := range [][]string{r.APIGroups, r.Resources, r.ResourceNames, r.Verbs, r.NonResourceURLs} {
-			slices.Sort(list)
+	var out []rbacv1.PolicyRule
+	for _, r := range rules {
+		verbs := slices.Sorted(slices.Values(r.Verbs))
+		if len(r.NonResourceURLs) > 0 {
+			out = append(out, rbacv1.PolicyRule{NonResourceURLs: slices.Sorted(slices.Values(r.NonResourceURLs)), Verbs: verbs})
+			continue
 		}
-		out[i] = r
+		// One rule per group and resource: how rules are grouped grants
+		// nothing.
+		for _, group := range r.APIGroups {
+			for _, resource := range r.Resources {
+				out = append(out, rbacv1.PolicyRule{APIGroups: []string{group}, Resources: []string{resource},
+					ResourceNames: slices.Sorted(slices.Values(r.ResourceNames)), Verbs: verbs})
+			}
+		}
 	}
 	slices.SortFunc(out, func(a, b rbacv1.PolicyRule) int { return strings.Compare(a.String(), b.String()) })
 	return out

@@ -15,8 +15,9 @@ import (
 // orders, made to run against the local services: the Secrets hold the test
 // Postgres's and RabbitMQ's URLs, and the OutboxDrainer drains table into
 // exchange and reads the outbox's status every statusInterval. Everything
-// else is the sample as a user finds it.
-func SampleFleet(table, exchange, statusInterval string) (string, error) {
+// else is the sample as a user finds it, but for what edits change in the
+// OutboxDrainer's spec.
+func SampleFleet(table, exchange, statusInterval string, edits ...func(spec map[string]any)) (string, error) {
 	var docs []string
 	for _, file := range []string{"config/samples/secrets.yaml", "config/samples/spillway_v1alpha1_outboxdrainer.yaml"} {
 		data, err := os.ReadFile(filepath.Join(RepoRoot(), file))
@@ -49,6 +50,11 @@ func SampleFleet(table, exchange, statusInterval string) (string, error) {
 			for _, s := range set {
 				if err := unstructured.SetNestedField(obj.Object, s[0], s[1:]...); err != nil {
 					return "", err
+				}
+			}
+			if spec, ok := obj.Object["spec"].(map[string]any); ok && obj.GetKind() == "OutboxDrainer" {
+				for _, edit := range edits {
+					edit(spec)
 				}
 			}
 			out, err := yaml.Marshal(obj.Object)

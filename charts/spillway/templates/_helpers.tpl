@@ -63,7 +63,7 @@ ClusterRole's rules, or each watched namespace's Role's.
 */}}
 {{- define "spillway.operatorRules" -}}
 - apiGroups: [""]
-  resources: [secrets]
+  resources: [pods, secrets]
   verbs: [get, list, watch]
 - apiGroups: [""]
   resources: [serviceaccounts, services]
