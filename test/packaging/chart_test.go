@@ -81,6 +81,7 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 		objs := mustRender()
 		Expect(kinds(objs)).To(ConsistOf(
 			"ServiceAccount/spillway", "ClusterRole/spillway", "ClusterRoleBinding/spillway",
+			"ClusterRole/spillway-nodes", "ClusterRoleBinding/spillway-nodes",
 			"Role/spillway-leader-election", "RoleBinding/spillway-leader-election",
 			"Service/spillway-metrics", "Deployment/spillway",
 			"ServiceAccount/spillway-test", "Role/spillway-test", "RoleBinding/spillway-test", "Pod/spillway-test",
