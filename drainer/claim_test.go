@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -110,6 +111,36 @@ var _ = Describe("The claim", Label("integration"), func() {
 			Expect(c.Full(p.BatchSize)).To(Equal(len(sizes) < 4), "a claim the budget cut short says more rows are due")
 		}
 		Expect(sizes).To(Equal([][]int64{{5011}, {391, 391}, {391, 391}, {391}}))
+	})
+
+	It("puts released rows back in their place in the due order, ahead of the rows that came due while they were held", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 3)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		held, err := store.Claim(ctx, claimParams("drainer-a", 2))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(held.Rows).To(HaveLen(2))
+		left := ids(ctx, spec.Name, "claimed_by IS NULL")
+		Expect(left).To(HaveLen(1))
+		seed(ctx, spec.Name, 5) // due after the claim
+
+		// By the settle of an unknown outcome, and by a release of every
+		// claim a drainer holds, as the operator runs for a dead one.
+		_, err = store.Settle(ctx, "drainer-a", Settlement{Released: held.Leases()[:1]}, FailurePolicy{})
+		Expect(err).NotTo(HaveOccurred())
+		_, err = store.ReleaseHeld(ctx, "drainer-a", 30*time.Second, nil)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(count(ctx, spec.Name, "claimed_by IS NULL AND available_at = $1", held.Token)).To(Equal(2), "due at their claim's time")
+
+		next, err := store.Claim(ctx, claimParams("drainer-b", 3))
+		Expect(err).NotTo(HaveOccurred())
+		var got []string
+		for _, r := range next.Rows {
+			got = append(got, r.ID)
+		}
+		Expect(got).To(ConsistOf(held.Rows[0].ID, held.Rows[1].ID, left[0]),
+			"the row left from before the claim, then the released rows, before the rows enqueued after it")
 	})
 
 	It("releases the rows of a claim whose result was lost, and keeps the claims in phases 2 and 3", func(ctx SpecContext) {

@@ -494,28 +494,37 @@ func (t *Table) RecordFailures(drainerID string, leases []Lease, reasons []strin
 
 // Release renders the return of claims whose outcome is unknown or that were
 // never published: no attempt is counted, because the row did nothing wrong.
-// The row is due again at once.
+// The row is due again at once, at the time it was claimed: it goes back to
+// its place in the due order rather than behind every row that came due
+// while it was held, so a release in a deep backlog delays it little.
 func (t *Table) Release(drainerID string, leases []Lease) Statement {
+	return t.settle(drainerID, leases, t.unclaim(), nil)
+}
+
+// unclaim is the assignments that give a claim back.
+func (t *Table) unclaim() []string {
 	c := t.cols
-	return t.settle(drainerID, leases, []string{q(c.ClaimedAt) + " = NULL", q(c.ClaimedBy) + " = NULL", q(c.AvailableAt) + " = now()"}, nil)
+	return []string{q(c.ClaimedAt) + " = NULL", q(c.ClaimedBy) + " = NULL", q(c.AvailableAt) + " = " + q(c.ClaimedAt)}
 }
 
 // ReleaseHeld renders the release of every claim held under drainerID except
 // those of the claims whose tokens are kept: at start-up (a restarted
 // container inherits its pod name, and its predecessor's claims are no
 // longer in flight), at shutdown, and after a claim whose result was lost
-// (it may have committed). A held row is due when its lease ends, within a
-// lease from now, so the look-up reads only that stretch of the claim index.
+// (it may have committed); and by the operator, for a drainer it knows is
+// dead. A held row is due when its lease ends, within a lease from now, so
+// the look-up reads only that stretch of the claim index. The rows go back
+// to their place in the due order, as Release's do.
 func (t *Table) ReleaseHeld(drainerID string, lease time.Duration, keep []time.Time) Statement {
 	c := t.cols
 	if keep == nil {
 		keep = []time.Time{} // NULL would make <> ALL unknown, and release nothing
 	}
 	return Statement{
-		SQL: fmt.Sprintf(`UPDATE %[1]s SET %[2]s = NULL, %[3]s = NULL, %[4]s = now()
+		SQL: fmt.Sprintf(`UPDATE %[1]s SET %[6]s
 WHERE %[3]s = $1 AND %[5]s IS NULL AND %[4]s > now() AND %[4]s <= now() + $2 * interval '1 millisecond'
 	AND %[2]s <> ALL($3::timestamptz[])`,
-			t.ident, q(c.ClaimedAt), q(c.ClaimedBy), q(c.AvailableAt), q(c.PublishedAt)),
+			t.ident, q(c.ClaimedAt), q(c.ClaimedBy), q(c.AvailableAt), q(c.PublishedAt), strings.Join(t.unclaim(), ", ")),
 		Args: []any{drainerID, lease.Milliseconds(), keep},
 	}
 }

@@ -313,11 +313,16 @@ func (d *demo) drain(ctx context.Context) (time.Duration, error) {
 		if len(lines) == 2 && len(rows) == 1 {
 			fmt.Fprintf(d.out, "%6.1fs  %s\n", time.Since(start).Seconds(), lines[1])
 			if rows[0]["BACKLOG"] == "0" {
-				probed, err := d.sh(ctx, false, "", "kubectl", "get", "outboxdrainer", fleet, "--namespace", namespace, "--output=jsonpath={.status.lastProbeTime}")
+				// The backlog and the time of the read it came from, from
+				// one status: the table above may be older than the read
+				// a second call finds.
+				read, err := d.sh(ctx, false, "", "kubectl", "get", "outboxdrainer", fleet, "--namespace", namespace,
+					"--output=jsonpath={.status.backlog} {.status.lastProbeTime}")
 				if err != nil {
 					return 0, err
 				}
-				if t, err := time.Parse(time.RFC3339, strings.TrimSpace(probed)); err == nil && !t.Before(written) {
+				backlog, probed, _ := strings.Cut(strings.TrimSpace(read), " ")
+				if t, err := time.Parse(time.RFC3339, probed); err == nil && backlog == "0" && !t.Before(written) {
 					return time.Since(start), nil
 				}
 			}
