@@ -45,7 +45,7 @@ var _ = Describe("An autoscaled fleet", Label("integration"), func() {
 		// The drainers publish everything: nothing more to do, once the
 		// higher recommendations have left the window.
 		runSQL(ctx, `UPDATE `+table+` SET published_at = now()`)
-		Eventually(replicas).WithTimeout(od.Spec.Autoscaling.ScaleDownStabilization.Duration+2*statusInterval+2*time.Second).
+		Eventually(replicas).WithTimeout(od.Spec.Autoscaling.ScaleDownStabilization.Duration + 2*statusInterval + 2*time.Second).
 			Should(Equal(ptr.To(int32(0))))
 		Eventually(events(ctx, od)).Should(ContainElement(HavePrefix("Normal Scaled: Scaled from 3 to 0: backlog 0 at 100 per replica wants 0")))
 	})

@@ -41,7 +41,7 @@ var _ = Describe("The claims of dead drainers", Label("integration"), func() {
 		labels[resource.ManagedByLabel] = resource.ManagedBy
 		pod := &corev1.Pod{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
-			Spec: corev1.PodSpec{NodeName: on.Name, Containers: []corev1.Container{{Name: resource.ContainerName, Image: "spillway"}}},
+			Spec:       corev1.PodSpec{NodeName: on.Name, Containers: []corev1.Container{{Name: resource.ContainerName, Image: "spillway"}}},
 		}
 		Expect(k8s.Create(ctx, pod)).To(Succeed())
 		holdClaims(ctx, table, name)

@@ -28,7 +28,7 @@ type Reading struct {
 
 // Autoscale is the autoscaling status after one reconcile. prev is the
 // status so far, nil when autoscaling was just turned on: the fleet then
-// starts from the running drainers, within the bounds. read is the
+// starts from running, its pod count, within the bounds. read is the
 // latest successful read of the outbox, nil before the first: without
 // one, the count only follows a change of the bounds. now is when a
 // change of the count is recorded.
@@ -36,50 +36,32 @@ type Reading struct {
 // Each read recommends a count (see recommend). The count is the highest
 // recommendation of the last scaleDownStabilization, so a higher one
 // takes effect at once and a lower one only when every higher one has
-// left the window. The window's recommendations are kept as a
-// decreasing list: a recommendation hides every earlier one that is not
-// higher, since it outlives them in the window.
-//
-// A read is taken once: the last recommendation's time is the last
-// read's, at the second's precision of the status. running is the
-// fleet's pod count, which a new autoscaling starts from.
+// left the window. A read is taken once, however many reconciles see it:
+// the last recommendation's time is the last read's, at the second's
+// precision of the status.
 func Autoscale(spec v1alpha1.Autoscaling, prev *v1alpha1.AutoscalingStatus, running int32, read *Reading, now time.Time) *v1alpha1.AutoscalingStatus {
-	lowest, highest := ptr.Deref(spec.MinReplicas, 1), spec.MaxReplicas
-	var next *v1alpha1.AutoscalingStatus
+	next := &v1alpha1.AutoscalingStatus{
+		DesiredReplicas: running,
+		Reason:          fmt.Sprintf("started from the %d running drainers; the outbox has not been read yet", running),
+	}
 	if prev != nil {
 		next = prev.DeepCopy()
-	} else {
-		next = &v1alpha1.AutoscalingStatus{
-			DesiredReplicas: running,
-			Reason:          fmt.Sprintf("started from the %d running drainers; the outbox has not been read yet", running),
-		}
 	}
 	before := next.DesiredReplicas
-	at := metav1.Time{}
-	if read != nil {
-		at = metav1.NewTime(read.Time.Truncate(time.Second))
-	}
-	if recs := next.Recommendations; read != nil && (len(recs) == 0 || !recs[len(recs)-1].Time.Equal(&at)) {
+	if read != nil && !taken(next.Recommendations, read.Time) {
 		want, why := recommend(spec, running, *read)
-		recs := next.Recommendations
-		for len(recs) > 0 && recs[len(recs)-1].Replicas <= want {
-			recs = recs[:len(recs)-1]
-		}
-		recs = append(recs, v1alpha1.Recommendation{Replicas: want, Time: at})
-		horizon := at.Add(-spec.ScaleDownStabilization.Duration)
-		for len(recs) > 1 && recs[0].Time.Time.Before(horizon) {
-			recs = recs[1:]
-		}
-		next.Recommendations = recs
-		next.DesiredReplicas = recs[0].Replicas
-		next.Reason = why
-		if hold := recs[0]; hold.Replicas > want {
+		next.Recommendations = push(next.Recommendations, v1alpha1.Recommendation{Replicas: want, Time: metav1.NewTime(read.Time.Truncate(time.Second))},
+			spec.ScaleDownStabilization.Duration)
+		hold := next.Recommendations[0]
+		next.DesiredReplicas, next.Reason = hold.Replicas, why
+		if hold.Replicas > want {
 			next.Reason += fmt.Sprintf("; held at %d until %s by the recommendation of %s (scaleDownStabilization %s)",
 				hold.Replicas, hold.Time.Add(spec.ScaleDownStabilization.Duration).UTC().Format(time.RFC3339),
 				hold.Time.UTC().Format(time.RFC3339), spec.ScaleDownStabilization.Duration)
 		}
 	}
 	// The bounds may have changed since the window's recommendations.
+	lowest, highest := ptr.Deref(spec.MinReplicas, 1), spec.MaxReplicas
 	switch {
 	case next.DesiredReplicas > highest:
 		next.DesiredReplicas = highest
@@ -92,6 +74,27 @@ func Autoscale(spec v1alpha1.Autoscaling, prev *v1alpha1.AutoscalingStatus, runn
 		next.LastScaleTime = ptr.To(metav1.NewTime(now.Truncate(time.Second)))
 	}
 	return next
+}
+
+// taken says whether the read made at t is the window's last.
+func taken(window []v1alpha1.Recommendation, t time.Time) bool {
+	return len(window) > 0 && window[len(window)-1].Time.Equal(ptr.To(metav1.NewTime(t.Truncate(time.Second))))
+}
+
+// push adds a recommendation to the window and drops the ones that can no
+// longer decide the count: those older than the window, and those not
+// higher than a later one, which outlives them in it. What is left
+// decreases, so its first is the window's highest.
+func push(window []v1alpha1.Recommendation, r v1alpha1.Recommendation, length time.Duration) []v1alpha1.Recommendation {
+	for len(window) > 0 && window[len(window)-1].Replicas <= r.Replicas {
+		window = window[:len(window)-1]
+	}
+	window = append(window, r)
+	horizon := r.Time.Add(-length)
+	for len(window) > 1 && window[0].Time.Time.Before(horizon) {
+		window = window[1:]
+	}
+	return window
 }
 
 // recommend is the count one read asks for, within the bounds, and why:
