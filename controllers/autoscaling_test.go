@@ -1,6 +1,7 @@
 package controllers_test
 
 import (
+	"context"
 	"os/exec"
 	"strings"
 	"time"
@@ -14,17 +15,24 @@ import (
 )
 
 var _ = Describe("An autoscaled fleet", Label("integration"), func() {
-	It("runs no pods while idle at minReplicas 0, scales up within a status interval of a backlog, and back to zero after the stabilization window", func(ctx SpecContext) {
+	// autoscaled creates a fleet over an outbox of its own, sized by a.
+	autoscaled := func(ctx context.Context, a v1alpha1.Autoscaling) (*v1alpha1.OutboxDrainer, string) {
 		ns := namespace(ctx)
 		table := outboxTable(ctx)
 		connectionSecrets(ctx, ns)
 		od := outboxDrainer(ns, table)
 		od.Spec.Replicas = nil
-		od.Spec.Autoscaling = &v1alpha1.Autoscaling{
+		od.Spec.Autoscaling = &a
+		Expect(k8s.Create(ctx, od)).To(Succeed())
+		return od, table
+	}
+
+	It("runs no pods while idle at minReplicas 0, scales up within a status interval of a backlog, and back to zero after the stabilization window", func(ctx SpecContext) {
+		od, table := autoscaled(ctx, v1alpha1.Autoscaling{
 			MinReplicas: ptr.To(int32(0)), MaxReplicas: 4, TargetBacklogPerReplica: 100,
 			ScaleDownStabilization: metav1.Duration{Duration: 3 * time.Second},
-		}
-		Expect(k8s.Create(ctx, od)).To(Succeed())
+		})
+		ns := od.Namespace
 		replicas := func() *int32 { return get(ctx, deploymentOf(ctx, od)).Spec.Replicas }
 		autoscaling := func() *v1alpha1.AutoscalingStatus { return get(ctx, od.DeepCopy()).Status.Autoscaling }
 
@@ -51,14 +59,8 @@ var _ = Describe("An autoscaled fleet", Label("integration"), func() {
 	})
 
 	It("refuses kubectl scale, which would fight autoscaling, and says who owns the count", func(ctx SpecContext) {
-		ns := namespace(ctx)
-		table := outboxTable(ctx)
-		connectionSecrets(ctx, ns)
-		od := outboxDrainer(ns, table)
-		od.Spec.Replicas = nil
-		od.Spec.Autoscaling = &v1alpha1.Autoscaling{MaxReplicas: 4, TargetBacklogPerReplica: 100}
-		Expect(k8s.Create(ctx, od)).To(Succeed())
-		out, err := exec.Command("kubectl", "--kubeconfig", kubeconfig, "scale", "outboxdrainer/"+od.Name, "-n", ns, "--replicas=3").CombinedOutput()
+		od, _ := autoscaled(ctx, v1alpha1.Autoscaling{MaxReplicas: 4, TargetBacklogPerReplica: 100})
+		out, err := exec.Command("kubectl", "--kubeconfig", kubeconfig, "scale", "outboxdrainer/"+od.Name, "-n", od.Namespace, "--replicas=3").CombinedOutput()
 		Expect(err).To(HaveOccurred())
 		Expect(string(out)).To(ContainSubstring("spec.replicas: Forbidden: replicas is 3, but autoscaling sets the replica count"))
 		Eventually(func() *int32 { return get(ctx, deploymentOf(ctx, od)).Spec.Replicas }).Should(Equal(ptr.To(int32(1))),

@@ -494,17 +494,24 @@ func (t *Table) RecordFailures(drainerID string, leases []Lease, reasons []strin
 
 // Release renders the return of claims whose outcome is unknown or that were
 // never published: no attempt is counted, because the row did nothing wrong.
-// The row is due again at once, at the time it was claimed: it goes back to
-// its place in the due order rather than behind every row that came due
-// while it was held, so a release in a deep backlog delays it little.
+// The row is due again at once.
 func (t *Table) Release(drainerID string, leases []Lease) Statement {
 	return t.settle(drainerID, leases, t.unclaim(), nil)
 }
 
-// unclaim is the assignments that give a claim back.
+// unclaim is the assignments that give a claim back. The row is due as of
+// when it was enqueued (when it was claimed, on a table without enqueuedAt):
+// it was due when it was claimed, and it goes back to its place in the due
+// order, not behind the rows that came due while it was held. In a deep
+// backlog, all due at once, that is the difference between being published
+// next and after the whole backlog.
 func (t *Table) unclaim() []string {
 	c := t.cols
-	return []string{q(c.ClaimedAt) + " = NULL", q(c.ClaimedBy) + " = NULL", q(c.AvailableAt) + " = " + q(c.ClaimedAt)}
+	due := q(c.ClaimedAt)
+	if c.EnqueuedAt != "" {
+		due = "least(" + q(c.EnqueuedAt) + ", " + q(c.ClaimedAt) + ")"
+	}
+	return []string{q(c.ClaimedAt) + " = NULL", q(c.ClaimedBy) + " = NULL", q(c.AvailableAt) + " = " + due}
 }
 
 // ReleaseHeld renders the release of every claim held under drainerID except

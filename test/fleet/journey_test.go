@@ -318,6 +318,9 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				f.inject("%s frozen (SIGSTOP), then force-deleted, holding %d claims", victim, len(claimed))
 				// The operator sees the pod gone and releases its claims;
 				// the lease alone would hold them for a minute.
+				Eventually(func() (int, error) { claims, err := outbox.Claims(ctx); return claims[victim], err },
+					time.Minute, 20*time.Millisecond).Should(BeZero())
+				f.timeline.Mark("%s holds no claim any more", victim)
 				f.released = waitPublished(ctx, f, outbox, victim, claimed)
 				waitDrainers(ctx, f, 2)
 			})
