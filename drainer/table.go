@@ -499,19 +499,13 @@ func (t *Table) Release(drainerID string, leases []Lease) Statement {
 	return t.settle(drainerID, leases, t.unclaim(), nil)
 }
 
-// unclaim is the assignments that give a claim back. The row is due as of
-// when it was enqueued (when it was claimed, on a table without enqueuedAt):
-// it was due when it was claimed, and it goes back to its place in the due
-// order, not behind the rows that came due while it was held. In a deep
-// backlog, all due at once, that is the difference between being published
-// next and after the whole backlog.
+// unclaim is the assignments that give a claim back. The row is due before
+// any row that was not claimed ('-infinity'): it was first in line when it
+// was claimed, and a due time of now() would queue it behind every row that
+// came due while it was held, in a backlog enqueued at once behind all of it.
 func (t *Table) unclaim() []string {
 	c := t.cols
-	due := q(c.ClaimedAt)
-	if c.EnqueuedAt != "" {
-		due = "least(" + q(c.EnqueuedAt) + ", " + q(c.ClaimedAt) + ")"
-	}
-	return []string{q(c.ClaimedAt) + " = NULL", q(c.ClaimedBy) + " = NULL", q(c.AvailableAt) + " = " + due}
+	return []string{q(c.ClaimedAt) + " = NULL", q(c.ClaimedBy) + " = NULL", q(c.AvailableAt) + " = '-infinity'"}
 }
 
 // ReleaseHeld renders the release of every claim held under drainerID except
@@ -520,8 +514,8 @@ func (t *Table) unclaim() []string {
 // longer in flight), at shutdown, and after a claim whose result was lost
 // (it may have committed); and by the operator, for a drainer it knows is
 // dead. A held row is due when its lease ends, within a lease from now, so
-// the look-up reads only that stretch of the claim index. The rows go back
-// to their place in the due order, as Release's do.
+// the look-up reads only that stretch of the claim index. The rows are due
+// first, as Release's are.
 func (t *Table) ReleaseHeld(drainerID string, lease time.Duration, keep []time.Time) Statement {
 	c := t.cols
 	if keep == nil {
