@@ -32,6 +32,7 @@ type Columns struct {
 	ClaimedBy   string
 	Attempts    string
 	LastError   string
+	ParkedAt    string
 }
 
 // RoutingKey says where a row's routing key comes from. At most one field is
@@ -74,6 +75,11 @@ var contract = []logicalColumn{
 	{flag: "claimedBy", canonical: "claimed_by", required: true, sqlType: "text", migrate: true, field: func(c *Columns) *string { return &c.ClaimedBy }},
 	{flag: "attempts", canonical: "attempts", required: true, sqlType: "integer NOT NULL DEFAULT 0", migrate: true, field: func(c *Columns) *string { return &c.Attempts }},
 	{flag: "lastError", canonical: "last_error", sqlType: "text", field: func(c *Columns) *string { return &c.LastError }},
+	// parked_at marks a poisoned row that was parked: kept for a later
+	// replay or export, out of the poisoned count, and due at 'infinity' so
+	// no claim reaches it. Nullable without a default, so adding it rewrites
+	// nothing; a table without it can be replayed, not parked.
+	{flag: "parkedAt", canonical: "parked_at", sqlType: "timestamptz", migrate: true, field: func(c *Columns) *string { return &c.ParkedAt }},
 }
 
 // ColumnFlagNames lists the logical names accepted by --columns.
@@ -533,9 +539,13 @@ func (t *Table) PrunePublished(window time.Duration, limit int) Statement {
 // drainer.
 func (t *Table) PruneUnpublished(maxAge time.Duration, limit int) Statement {
 	c := t.cols
-	return t.prune(fmt.Sprintf("%s IS NULL AND %s < now() - $1 * interval '1 millisecond' AND (%s IS NULL OR %s <= now())",
-		q(c.PublishedAt), q(c.EnqueuedAt), q(c.ClaimedBy), q(c.AvailableAt)),
-		[]any{maxAge.Milliseconds(), limit})
+	where := fmt.Sprintf("%s IS NULL AND %s < now() - $1 * interval '1 millisecond' AND (%s IS NULL OR %s <= now())",
+		q(c.PublishedAt), q(c.EnqueuedAt), q(c.ClaimedBy), q(c.AvailableAt))
+	if c.ParkedAt != "" {
+		// A parked row was kept on purpose, for a later replay or export.
+		where += " AND " + q(c.ParkedAt) + " IS NULL"
+	}
+	return t.prune(where, []any{maxAge.Milliseconds(), limit})
 }
 
 // prune deletes at most $2 rows matching where, found again by table oid and
