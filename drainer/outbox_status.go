@@ -1,8 +1,10 @@
 package drainer
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -36,9 +38,8 @@ type OutboxStatus struct {
 
 // PoisonCause is one last error shared by poisoned rows.
 type PoisonCause struct {
-	// LastError is the error as the table holds it, cut at
-	// maxCauseChars characters and not yet scrubbed: it may quote anything a
-	// broker said. Pass it through ScrubError before showing it.
+	// LastError is the error, scrubbed of secrets and cut at maxShownError
+	// bytes (ScrubError); empty for rows that have none.
 	LastError string
 	Count     int64
 	// OldestEnqueuedAt is nil on a table without enqueuedAt.
@@ -48,9 +49,15 @@ type PoisonCause struct {
 // topCauses is how many last errors the status lists.
 const topCauses = 3
 
-// maxCauseChars is where the status groups and cuts a last error: errors
-// that differ only further on are one cause, and a huge last_error costs
-// the grouping no more than this.
+// causeCandidates is how many groups the statement returns: more than
+// topCauses, because errors that differ only in a secret or past the cut
+// become one cause once scrubbed.
+const causeCandidates = 10
+
+// maxCauseChars is where the statement groups and cuts a last error, well
+// beyond what is shown: errors that differ only further on are one cause, a
+// huge last_error costs the grouping no more than this (substr reads only
+// the slice it needs), and a secret the cut splits lies past what is shown.
 const maxCauseChars = 1024
 
 // OutboxStatus renders the count of the backlog and the poisoned rows, and
@@ -61,7 +68,7 @@ const maxCauseChars = 1024
 // taken from the database's now(), like every other time the drainer
 // compares. A table without available_at (not migrated yet) counts by
 // attempts alone. A parked row is neither backlog nor poisoned: it is
-// counted on its own.
+// counted on its own, on a table with parked_at.
 func (t *Table) OutboxStatus(maxAttempts int) Statement {
 	return t.BoundedOutboxStatus(maxAttempts, 0)
 }
@@ -69,10 +76,13 @@ func (t *Table) OutboxStatus(maxAttempts int) Statement {
 // BoundedOutboxStatus is OutboxStatus reading at most limit pending rows
 // (0: all of them), so a huge backlog costs a bounded query. When the limit
 // is reached the counts and the age are lower bounds: "at least". The same
-// rows give the poisoned rows' most common last errors.
+// scan groups the pending rows by class (live, poisoned, parked) and the
+// poisoned ones by last error, so only the groups are kept, never the rows;
+// the most common last errors come out as arrays, most rows first.
 func (t *Table) BoundedOutboxStatus(maxAttempts, limit int) Statement {
 	c := t.cols
-	poisoned, columns := "attempts >= $1", []string{q(c.Attempts) + " AS attempts"}
+	poisoned := "attempts >= $1"
+	columns := []string{q(c.Attempts) + " AS attempts"}
 	if c.AvailableAt != "" {
 		poisoned = "(attempts >= $1 OR available_at = 'infinity')"
 		columns = append(columns, q(c.AvailableAt)+" AS available_at")
@@ -80,45 +90,46 @@ func (t *Table) BoundedOutboxStatus(maxAttempts, limit int) Statement {
 	enqueuedAt, oldest := "NULL::timestamptz", "NULL::bigint"
 	if c.EnqueuedAt != "" {
 		enqueuedAt = q(c.EnqueuedAt)
-		oldest = "coalesce((extract(epoch FROM now() - min(enqueued_at) FILTER (WHERE live)) * 1000)::bigint, 0)"
+		oldest = "coalesce((extract(epoch FROM now() - min(oldest) FILTER (WHERE class = 'live')) * 1000)::bigint, 0)"
 	}
-	lastError, parked, parkedCount := "NULL::text", "false", "NULL::bigint"
+	lastError, causes := "NULL::text", "NULL::text[], NULL::bigint[], NULL::timestamptz[]"
 	if c.LastError != "" {
-		lastError = "left(" + q(c.LastError) + ", " + strconv.Itoa(maxCauseChars) + ")"
+		lastError = q(c.LastError)
+		causes = `(SELECT array_agg(coalesce(cause, '') ORDER BY n DESC, cause) FROM top),
+	(SELECT array_agg(n ORDER BY n DESC, cause) FROM top),
+	(SELECT array_agg(oldest ORDER BY n DESC, cause) FROM top)`
 	}
+	parked, parkedCount := "false", "NULL::bigint"
 	if c.ParkedAt != "" {
-		parked, parkedCount = q(c.ParkedAt)+" IS NOT NULL", "count(*) FILTER (WHERE parked)"
+		parked, parkedCount = q(c.ParkedAt)+" IS NOT NULL", "coalesce(sum(n) FILTER (WHERE class = 'parked'), 0)::bigint"
 	}
 	columns = append(columns, enqueuedAt+" AS enqueued_at", lastError+" AS last_error", parked+" AS parked")
 	capped, bound := "false", ""
 	args := []any{maxAttempts}
 	if limit > 0 {
-		capped, bound = "count(*) >= $2", " LIMIT $2"
+		capped, bound = "coalesce(sum(n), 0) >= $2", " LIMIT $2"
 		args = append(args, limit)
 	}
-	causes := "NULL::text[], NULL::bigint[], NULL::timestamptz[]"
-	if c.LastError != "" {
-		causes = `(SELECT array_agg(coalesce(last_error, '') ORDER BY n DESC, last_error) FROM top),
-	(SELECT array_agg(n ORDER BY n DESC, last_error) FROM top),
-	(SELECT array_agg(oldest ORDER BY n DESC, last_error) FROM top)`
-	}
 	sql := strings.Join([]string{
-		"WITH pending AS MATERIALIZED (",
-		"\tSELECT " + strings.Join(columns, ", "),
-		"\tFROM " + t.ident + " WHERE " + q(c.PublishedAt) + " IS NULL" + bound,
-		"), classed AS (",
-		"\tSELECT *, NOT parked AND " + poisoned + " AS poisoned, NOT parked AND NOT " + poisoned + " AS live FROM pending",
+		"WITH groups AS MATERIALIZED (",
+		"\tSELECT class, CASE WHEN class = 'poisoned' THEN substr(last_error, 1, " + strconv.Itoa(maxCauseChars) + ") END AS cause,",
+		"\t\tcount(*) AS n, min(enqueued_at) AS oldest",
+		"\tFROM (",
+		"\t\tSELECT CASE WHEN parked THEN 'parked' WHEN " + poisoned + " THEN 'poisoned' ELSE 'live' END AS class, enqueued_at, last_error",
+		"\t\tFROM (SELECT " + strings.Join(columns, ", "),
+		"\t\t\tFROM " + t.ident + " WHERE " + q(c.PublishedAt) + " IS NULL" + bound + ") pending",
+		"\t) classed",
+		"\tGROUP BY 1, 2",
 		"), top AS (",
-		"\tSELECT last_error, count(*) AS n, min(enqueued_at) AS oldest FROM classed WHERE poisoned",
-		"\tGROUP BY last_error ORDER BY n DESC, last_error LIMIT " + strconv.Itoa(topCauses),
+		"\tSELECT cause, n, oldest FROM groups WHERE class = 'poisoned' ORDER BY n DESC, cause LIMIT " + strconv.Itoa(causeCandidates),
 		")",
-		"SELECT count(*) FILTER (WHERE live),",
-		"\tcount(*) FILTER (WHERE poisoned),",
+		"SELECT coalesce(sum(n) FILTER (WHERE class = 'live'), 0)::bigint,",
+		"\tcoalesce(sum(n) FILTER (WHERE class = 'poisoned'), 0)::bigint,",
 		"\t" + parkedCount + ",",
 		"\t" + oldest + ",",
 		"\t" + capped + ",",
 		"\t" + causes,
-		"FROM classed",
+		"FROM groups",
 	}, "\n")
 	return Statement{SQL: sql, Args: args}
 }
@@ -142,8 +153,10 @@ func ReadOutboxStatus(ctx context.Context, db Querier, t *Table, maxAttempts int
 }
 
 // ReadBoundedOutboxStatus runs the table's status query, reading at most
-// limit pending rows (0: all).
-func ReadBoundedOutboxStatus(ctx context.Context, db Querier, t *Table, maxAttempts, limit int) (OutboxStatus, error) {
+// limit pending rows (0: all). The last errors are scrubbed of secrets (the
+// connection URLs the caller knows, and whatever looks like a credential)
+// before they leave this function.
+func ReadBoundedOutboxStatus(ctx context.Context, db Querier, t *Table, maxAttempts, limit int, secrets ...string) (OutboxStatus, error) {
 	stmt := t.BoundedOutboxStatus(maxAttempts, limit)
 	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
 	if err != nil {
@@ -151,10 +164,10 @@ func ReadBoundedOutboxStatus(ctx context.Context, db Querier, t *Table, maxAttem
 	}
 	var s OutboxStatus
 	var ageMillis, parked *int64
-	var errs []string
+	var causes []string
 	var counts []int64
 	var oldest []*time.Time
-	scan := []any{&s.Backlog, &s.Poisoned, &parked, &ageMillis, &s.Capped, &errs, &counts, &oldest}
+	scan := []any{&s.Backlog, &s.Poisoned, &parked, &ageMillis, &s.Capped, &causes, &counts, &oldest}
 	if _, err := pgx.ForEachRow(rows, scan, func() error { return nil }); err != nil {
 		return OutboxStatus{}, fmt.Errorf("read status of %s: %w", t.Name(), err)
 	}
@@ -164,8 +177,27 @@ func ReadBoundedOutboxStatus(ctx context.Context, db Querier, t *Table, maxAttem
 	if parked != nil {
 		s.Parked, s.ParkedKnown = *parked, true
 	}
-	for i := range errs {
-		s.PoisonedBy = append(s.PoisonedBy, PoisonCause{LastError: errs[i], Count: counts[i], OldestEnqueuedAt: oldest[i]})
-	}
+	s.PoisonedBy = topPoisonCauses(causes, counts, oldest, secrets)
 	return s, nil
+}
+
+// topPoisonCauses scrubs the grouped last errors, merges those that read
+// the same once scrubbed and cut, and keeps the topCauses with most rows.
+func topPoisonCauses(causes []string, counts []int64, oldest []*time.Time, secrets []string) []PoisonCause {
+	var out []PoisonCause
+	index := map[string]int{}
+	for i, cause := range causes {
+		text := ScrubError(cause, secrets...)
+		if j, ok := index[text]; ok {
+			out[j].Count += counts[i]
+			if o := oldest[i]; o != nil && (out[j].OldestEnqueuedAt == nil || o.Before(*out[j].OldestEnqueuedAt)) {
+				out[j].OldestEnqueuedAt = o
+			}
+			continue
+		}
+		index[text] = len(out)
+		out = append(out, PoisonCause{LastError: text, Count: counts[i], OldestEnqueuedAt: oldest[i]})
+	}
+	slices.SortStableFunc(out, func(a, b PoisonCause) int { return cmp.Compare(b.Count, a.Count) })
+	return out[:min(len(out), topCauses)]
 }

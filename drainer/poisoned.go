@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"regexp"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -72,12 +74,19 @@ func (s PoisonedSelector) Validate(path *field.Path) field.ErrorList {
 		errs = append(errs, field.TooMany(path.Child("ids"), len(s.IDs), MaxSelectorIDs))
 	}
 	for i, id := range s.IDs {
-		if id == "" || len(id) > maxIDLength {
+		switch {
+		case len(id) > maxIDLength:
+			errs = append(errs, field.TooLong(path.Child("ids").Index(i), id, maxIDLength))
+		case id == "":
 			errs = append(errs, field.Invalid(path.Child("ids").Index(i), id, fmt.Sprintf("must be 1 to %d bytes", maxIDLength)))
+		case !isText(id):
+			errs = append(errs, field.Invalid(path.Child("ids").Index(i), id, textRule))
 		}
 	}
 	if p := s.LastErrorPattern; len(p) > maxPatternLength {
 		errs = append(errs, field.TooLong(path.Child("lastErrorPattern"), p, maxPatternLength))
+	} else if !isText(p) {
+		errs = append(errs, field.Invalid(path.Child("lastErrorPattern"), p, textRule))
 	} else if unfinishedEscape(p) {
 		errs = append(errs, field.Invalid(path.Child("lastErrorPattern"), p,
 			`must not end in an unfinished escape: \ escapes the character after it (write \\ for a backslash)`))
@@ -88,6 +97,11 @@ func (s PoisonedSelector) Validate(path *field.Path) field.ErrorList {
 	}
 	return errs
 }
+
+// textRule is what Postgres's text accepts: no zero byte, valid UTF-8.
+const textRule = "must be valid UTF-8 without a NUL character, as Postgres text is"
+
+func isText(s string) bool { return utf8.ValidString(s) && !strings.ContainsRune(s, 0) }
 
 // unfinishedEscape reports a LIKE pattern whose last backslash escapes
 // nothing, which Postgres refuses.

@@ -90,7 +90,10 @@ func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
 	errs := o.Database.validate(field.NewPath("database"), "the outbox database's connection URL")
 	errs = append(errs, o.Table.Validate(field.NewPath("database"))...)
 	if verb == "list" {
-		errs = append(errs, sel.Validate(field.NewPath("selector"))...)
+		// Any selector lists: parked rows are listed as well as poisoned.
+		listed := o.Request
+		listed.Action = ActionReplay
+		errs = append(errs, listed.Validate(nil)...)
 	} else {
 		errs = append(errs, o.Request.Validate(nil)...)
 	}
