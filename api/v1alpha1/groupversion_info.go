@@ -24,7 +24,7 @@ var (
 )
 
 func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(GroupVersion, &OutboxDrainer{}, &OutboxDrainerList{})
+	scheme.AddKnownTypes(GroupVersion, &OutboxDrainer{}, &OutboxDrainerList{}, &OutboxReplay{}, &OutboxReplayList{})
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil
 }
