@@ -176,6 +176,21 @@ func (t *Table) idRule(id string) string {
 	return ""
 }
 
+// ResolveOutbox reads the spec's table from the catalog and resolves it
+// against the mapping. A table that does not fit is an *UnusableTableError:
+// trying again will not change it, fixing the mapping or migrating will.
+func ResolveOutbox(ctx context.Context, db Querier, spec TableSpec) (*Table, error) {
+	cols, err := Catalog(ctx, db, spec)
+	if err != nil {
+		return nil, err
+	}
+	table, err := ResolveTable(spec, cols)
+	if err != nil {
+		return nil, &UnusableTableError{Err: err}
+	}
+	return table, nil
+}
+
 // PoisonedRow is one row of a listing.
 type PoisonedRow struct {
 	ID       string
@@ -243,8 +258,9 @@ func (r PoisonedRequest) Validate(path *field.Path) field.ErrorList {
 // PoisonedChange is what a replay or park did.
 type PoisonedChange struct {
 	// Matched is how many rows the selector picked when the change began,
-	// at most its limit.
+	// at most its limit; Counted says the count ran.
 	Matched int64
+	Counted bool
 	// Changed is how many rows were replayed or parked: none in a dry run.
 	// Fewer than matched when rows were locked, leased or changed by others
 	// meanwhile.
@@ -282,6 +298,7 @@ func ChangePoisoned(ctx context.Context, db TxStarter, t *Table, r PoisonedReque
 	if err != nil {
 		return done, fmt.Errorf("count poisoned rows of %s: %w", t.name, err)
 	}
+	done.Counted = true
 	if r.DryRun {
 		sample := r.Selector
 		sample.Limit = min(sample.Limit, MaxRecordedIDs)

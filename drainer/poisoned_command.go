@@ -131,13 +131,9 @@ func runPoisoned(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 	defer pool.Close()
-	cols, err := Catalog(ctx, pool, o.Table)
+	table, err := ResolveOutbox(ctx, pool, o.Table)
 	if err != nil {
 		return RedactError(err, url)
-	}
-	table, err := ResolveTable(o.Table, cols)
-	if err != nil {
-		return err
 	}
 	r := o.Request
 	if errs := table.CheckSelector(r.Action, r.Selector, field.NewPath("selector")); len(errs) > 0 {

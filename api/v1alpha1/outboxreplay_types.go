@@ -161,8 +161,8 @@ type OutboxReplayList struct {
 const (
 	// ReplayComplete is True once the change was carried out (reason
 	// RowsReplayed, RowsParked or DryRun), and then never runs again. While
-	// False, its reason says what it waits for: Pending, or
-	// OutboxDrainerNotFound, SecretNotFound, InvalidDatabaseURL,
+	// False, its reason says what it waits for: Running (a long change goes
+	// on in its next run), or OutboxDrainerNotFound, SecretNotFound, InvalidDatabaseURL,
 	// ConnectionFailed, TableNotUsable or QueryFailed, each retried with a
 	// backoff; or InvalidSelector, which is not (see ReplayFailed).
 	ReplayComplete ConditionType = "Complete"
@@ -175,7 +175,7 @@ const (
 
 // OutboxReplay condition reasons, besides the OutboxDrainer's database ones.
 const (
-	ReasonPending               = "Pending"
+	ReasonRunning               = "Running"
 	ReasonOutboxDrainerNotFound = "OutboxDrainerNotFound"
 	ReasonInvalidSelector       = "InvalidSelector"
 	ReasonRowsReplayed          = "RowsReplayed"
