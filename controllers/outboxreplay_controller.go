@@ -68,7 +68,7 @@ func (r *OutboxReplayReconciler) Reconcile(ctx context.Context, req ctrl.Request
 	if err := r.APIReader.Get(ctx, req.NamespacedName, replay); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
-	if status.Done(replay.Status) || !replay.DeletionTimestamp.IsZero() {
+	if status.ReplayDone(replay.Status) || !replay.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil // carried out once, and recorded
 	}
 	run := status.ReplayRun{Generation: replay.Generation, Started: time.Now()}
@@ -236,7 +236,7 @@ func (r *OutboxReplayReconciler) replaysOf(ctx context.Context, od client.Object
 	}
 	var requests []reconcile.Request
 	for _, replay := range list.Items {
-		if !status.Done(replay.Status) {
+		if !status.ReplayDone(replay.Status) {
 			requests = append(requests, reconcile.Request{NamespacedName: client.ObjectKeyFromObject(&replay)})
 		}
 	}

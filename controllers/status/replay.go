@@ -32,9 +32,9 @@ type ReplayRun struct {
 // maxRecordedIDs is how many row ids an OutboxReplay's status keeps.
 const maxRecordedIDs = drainer.MaxRecordedIDs
 
-// Done reports whether an OutboxReplay was carried out, or failed for
+// ReplayDone reports whether an OutboxReplay was carried out, or failed for
 // good: either way it never runs again.
-func Done(s v1alpha1.OutboxReplayStatus) bool {
+func ReplayDone(s v1alpha1.OutboxReplayStatus) bool {
 	return meta.IsStatusConditionTrue(s.Conditions, string(v1alpha1.ReplayComplete)) ||
 		meta.IsStatusConditionTrue(s.Conditions, string(v1alpha1.ReplayFailed))
 }
