@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	corev1 "k8s.io/api/core/v1"
@@ -121,12 +122,8 @@ var _ = Describe("Poisoned rows on the local cluster", Ordered, Label("e2e"), fu
 		rows, err := services.DB.Query(ctx, `INSERT INTO `+outbox.Table+` (event_type, payload, attempts)
 			SELECT 'order.' || repeat('x', 300), jsonb_build_object('order', g), 9 FROM generate_series(1, 100) g RETURNING id::text`)
 		Expect(err).NotTo(HaveOccurred())
-		for rows.Next() {
-			var id string
-			Expect(rows.Scan(&id)).To(Succeed())
-			long = append(long, id)
-		}
-		Expect(rows.Err()).NotTo(HaveOccurred())
+		long, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		Expect(err).NotTo(HaveOccurred())
 
 		Eventually(func() (int, error) { return ledger.Missing(good) }, time.Minute).Should(BeZero())
 		Eventually(func(g Gomega) {
