@@ -410,6 +410,23 @@ var _ = Describe("A replayed row", Label("integration"), func() {
 	})
 })
 
+var _ = Describe("spillway poisoned's flags", func() {
+	DescribeTable("refuse, before connecting, naming the flag or the field and the rule,",
+		func(args []string, want string) {
+			err := runPoisoned(context.Background(), append(args, "--database-url", "postgres://nobody@127.0.0.1:1/none"), &bytes.Buffer{})
+			Expect(err).To(MatchError(ContainSubstring(want)))
+		},
+		Entry("no verb", []string{}, "usage: spillway poisoned list|replay|park"),
+		Entry("an unknown verb", []string{"delete"}, "usage: spillway poisoned list|replay|park"),
+		Entry("a time that is not RFC 3339", []string{"replay", "--enqueued-since", "yesterday"}, "want an RFC 3339 time"),
+		Entry("a zero limit", []string{"park", "--limit", "0"}, "selector.limit: Invalid value: 0: must be from 1 to 1000000"),
+		Entry("a dry run of a listing", []string{"list", "--dry-run"}, "flag provided but not defined: -dry-run"),
+		Entry("a stray argument", []string{"replay", "everything"}, `unexpected argument "everything": every selector is a flag`),
+		Entry("no maxAttempts", []string{"list", "--max-attempts", "0"}, "maxAttempts: Invalid value: 0: must be greater than 0"),
+		Entry("parking parked rows", []string{"park", "--parked"}, "selector.parked: Invalid value: true"),
+	)
+})
+
 var _ = Describe("Scrubbing a last error", func() {
 	It("removes a known secret, a URL's password, key=value secrets and bearer tokens, then cuts it within a character", func() {
 		Expect(ScrubError("dial amqp://u:pw@h/ password=abc token: 'x y' Bearer eyJ.x", "nothing")).

@@ -71,7 +71,7 @@ func (t *Table) SelectPoisoned(maxAttempts int, sel PoisonedSelector) Statement 
 		enqueuedAt = q(c.EnqueuedAt)
 	}
 	if c.LastError != "" {
-		lastError = "left(" + q(c.LastError) + ", " + strconv.Itoa(maxCauseChars) + ")"
+		lastError = "substr(" + q(c.LastError) + ", 1, " + strconv.Itoa(maxCauseChars) + ")"
 	}
 	if c.ParkedAt != "" {
 		parkedAt = q(c.ParkedAt)
