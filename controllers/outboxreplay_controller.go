@@ -63,13 +63,19 @@ type OutboxReplayReconciler struct {
 // carried out or cannot be, and writes the status once.
 func (r *OutboxReplayReconciler) Reconcile(ctx context.Context, req ctrl.Request) (ctrl.Result, error) {
 	replay := &v1alpha1.OutboxReplay{}
-	// From the API server, not the cache: a cache that has not seen the
-	// status of a change carried out yet would have it run again.
-	if err := r.APIReader.Get(ctx, req.NamespacedName, replay); err != nil {
+	if err := r.Get(ctx, req.NamespacedName, replay); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	if status.ReplayDone(replay.Status) || !replay.DeletionTimestamp.IsZero() {
 		return ctrl.Result{}, nil // carried out once, and recorded
+	}
+	// Confirmed with the API server before anything runs: a cache that has
+	// not seen the status of a change carried out yet would run it again.
+	if err := r.APIReader.Get(ctx, req.NamespacedName, replay); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if status.ReplayDone(replay.Status) {
+		return ctrl.Result{}, nil
 	}
 	run := status.ReplayRun{Generation: replay.Generation, Started: time.Now()}
 	drainerKey := types.NamespacedName{Namespace: replay.Namespace, Name: replay.Spec.DrainerRef.Name}
