@@ -21,6 +21,8 @@ var commands = map[string]func(ctx context.Context, args []string) error{
 	"manager": controllers.ManagerCommand,
 	"drain":   drainer.DrainCommand,
 	"migrate": drainer.MigrateCommand,
+	// The triage of poisoned rows without Kubernetes: list, replay, park.
+	"poisoned": drainer.PoisonedCommand,
 	"version": func(context.Context, []string) error {
 		goVersion := "unknown"
 		if info, ok := debug.ReadBuildInfo(); ok {
@@ -33,7 +35,7 @@ var commands = map[string]func(ctx context.Context, args []string) error{
 
 func main() {
 	if len(os.Args) < 2 || commands[os.Args[1]] == nil {
-		fmt.Fprintln(os.Stderr, "usage: spillway manager|drain|migrate|version [flags]")
+		fmt.Fprintln(os.Stderr, "usage: spillway manager|drain|migrate|poisoned|version [flags]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)

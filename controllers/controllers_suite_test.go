@@ -41,6 +41,8 @@ var (
 	k8s client.WithWatch
 	// reconciler is the one the manager runs.
 	reconciler *controllers.OutboxDrainerReconciler
+	// replays is the manager's OutboxReplay reconciler.
+	replays    *controllers.OutboxReplayReconciler
 	db         *pgxpool.Pool
 	kubeconfig string
 )
@@ -77,8 +79,16 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		// within a spec's patience.
 		Prober: probe.New(mgr.GetAPIReader(), mgr.GetEventRecorder("spillway-operator"), probe.NewMetrics(prometheus.NewRegistry()), probe.Options{Timeout: probeTimeout}),
 	}
+	replays = &controllers.OutboxReplayReconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("spillway-operator"),
+		Timeout:   probeTimeout,
+		Prober:    reconciler.Prober,
+	}
 	mgrCtx, stop := context.WithCancel(context.Background())
 	Expect(reconciler.SetupWithManager(mgrCtx, mgr)).To(Succeed())
+	Expect(replays.SetupWithManager(mgrCtx, mgr)).To(Succeed())
 	done := make(chan error, 1)
 	go func() { done <- mgr.Start(mgrCtx) }()
 	DeferCleanup(func() {

@@ -29,7 +29,7 @@ import (
 	"github.com/spillway-io/spillway/controllers/resource"
 )
 
-// NewScheme knows the built-in types and OutboxDrainer.
+// NewScheme knows the built-in types, OutboxDrainer and OutboxReplay.
 func NewScheme() (*runtime.Scheme, error) {
 	scheme := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(scheme); err != nil {
@@ -156,6 +156,16 @@ func ManagerCommand(ctx context.Context, args []string) error {
 		Prober:    probe.New(mgr.GetAPIReader(), mgr.GetEventRecorder("spillway-operator"), probe.DefaultMetrics(), probeOpts),
 	}
 	if err := reconciler.SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	replays := &OutboxReplayReconciler{
+		Client:    mgr.GetClient(),
+		APIReader: mgr.GetAPIReader(),
+		Recorder:  mgr.GetEventRecorder("spillway-operator"),
+		Timeout:   probeOpts.Timeout,
+		Prober:    reconciler.Prober,
+	}
+	if err := replays.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}
 	return mgr.Start(ctx)

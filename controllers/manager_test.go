@@ -113,6 +113,7 @@ var _ = Describe("spillway manager", Label("integration"), func() {
 		}
 		Eventually(scrape(prometheus)).Should(And(HavePrefix("200: "),
 			ContainSubstring(`controller_runtime_reconcile_total{controller="outboxdrainer"`),
+			ContainSubstring(`controller_runtime_reconcile_total{controller="outboxreplay"`),
 			ContainSubstring(`spillway_outbox_backlog{name="orders",namespace="`+ns+`"} 3`),
 			ContainSubstring(`spillway_outbox_probe_duration_seconds_count{name="orders",namespace="`+ns+`"}`),
 			ContainSubstring(`spillway_outboxdrainer_ready{name="orders",namespace="`+ns+`"} 0`)))

@@ -233,9 +233,14 @@ func recordOutbox(s *v1alpha1.OutboxDrainerStatus, read *probe.Result) {
 	o := read.Outbox
 	if o == nil {
 		s.Backlog, s.Poisoned, s.OldestPendingAge, s.CountCapped = nil, nil, nil, false
+		s.PoisonedBy, s.Parked = nil, nil
 		return
 	}
 	s.Backlog, s.Poisoned, s.CountCapped = ptr.To(o.Backlog), ptr.To(o.Poisoned), o.Capped
+	s.PoisonedBy, s.Parked = status.PoisonedBy(o), nil
+	if o.ParkedKnown {
+		s.Parked = ptr.To(o.Parked)
+	}
 	s.OldestPendingAge = nil
 	if o.AgeKnown {
 		s.OldestPendingAge = &metav1.Duration{Duration: o.OldestPendingAge.Round(time.Second)}

@@ -116,7 +116,7 @@ var _ = Describe("Draining existing tables through the column mapping", Label("i
 		before := schemaOf(ctx, name)
 		_, err := Migrate(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(schemaOf(ctx, name)).To(HaveLen(len(before)+3), "only available_at and the claim and published indexes are added")
+		Expect(schemaOf(ctx, name)).To(HaveLen(len(before)+4), "only available_at, parked_at and the claim and published indexes are added")
 
 		exec(ctx, "INSERT INTO "+name+` (payload) SELECT jsonb_build_object('event_type', 'invoice.paid', 'n', g) FROM generate_series(1, 50) g`)
 		topo := topology("invoice.paid", nil)
@@ -133,7 +133,7 @@ var _ = Describe("Draining existing tables through the column mapping", Label("i
 		Expect(got).To(ConsistOf(ids(ctx, name, "true")))
 	})
 
-	It("drains an athena_outbox after migrate adds only its lease columns", func(ctx SpecContext) {
+	It("drains an athena_outbox after migrate adds only its lease columns and parked_at", func(ctx SpecContext) {
 		name := "public." + testenv.UniqueName("athena_outbox")
 		exec(ctx, `CREATE TABLE `+name+` (
 			event_id uuid PRIMARY KEY DEFAULT gen_random_uuid(), aggregate_type text NOT NULL, aggregate_id text NOT NULL,
@@ -145,11 +145,11 @@ var _ = Describe("Draining existing tables through the column mapping", Label("i
 
 		done, err := Migrate(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(done).To(ConsistOf("added column claimed_at", "added column claimed_by", "created index "+spec.objectName(claimIndexSuffix),
+		Expect(done).To(ConsistOf("added column claimed_at", "added column claimed_by", "added column parked_at", "created index "+spec.objectName(claimIndexSuffix),
 			"created index "+spec.objectName(publishedIndexSuffix)))
 		after := schemaOf(ctx, name)
 		Expect(after).To(ContainElements(before), "nothing renamed or changed")
-		Expect(after).To(HaveLen(len(before) + 4))
+		Expect(after).To(HaveLen(len(before) + 5))
 
 		exec(ctx, `INSERT INTO `+name+` (aggregate_type, aggregate_id, event_type, payload, headers)
 			SELECT 'order', g::text, 'order.shipped', jsonb_build_object('n', g), jsonb_build_object('aggregate', 'order')

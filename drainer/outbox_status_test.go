@@ -41,7 +41,7 @@ var _ = Describe("Reading the outbox's status", Label("integration"), func() {
 		Expect(err).NotTo(HaveOccurred())
 		status, err := ReadOutboxStatus(ctx, pool, store.Table(), maxAttempts)
 		Expect(err).NotTo(HaveOccurred())
-		Expect(status).To(Equal(OutboxStatus{AgeKnown: true}))
+		Expect(status).To(Equal(OutboxStatus{AgeKnown: true, ParkedKnown: true}))
 	})
 
 	It("counts through the column mapping, and cannot age a table without an enqueue time", func(ctx SpecContext) {

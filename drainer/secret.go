@@ -76,3 +76,41 @@ func RedactError(err error, rawURL string) error {
 	}
 	return err
 }
+
+// maxShownError is how much of a last error the status and the command line
+// show: enough to tell causes apart, short enough for a status field.
+const maxShownError = 256
+
+var (
+	// urlUserinfo is a URL's user:password@, anywhere in a text.
+	urlUserinfo = regexp.MustCompile(`(?i)\b([a-z][a-z0-9+.\-]*://[^\s:/@]*):[^\s@/]*@`)
+	// secretValue is a key=value or key: value whose key says it is a secret.
+	secretValue = regexp.MustCompile(`(?i)\b((?:api[_-]?key|token|secret|passw(?:or)?d|pwd)\s*[=:]\s*)('(?:[^'\\]|\\.)*'|"(?:[^"\\]|\\.)*"|\S+)`)
+	bearer      = regexp.MustCompile(`(?i)\b(bearer\s+)\S+`)
+	whitespace  = regexp.MustCompile(`[\s\p{Cc}]+`)
+)
+
+// ScrubError makes a last error fit to show: the drainer writes it from what
+// a broker said, and another writer of an adopted table could put anything
+// there. Each known secret (a URL's password, or the value itself) is
+// removed, then whatever looks like a password, a token or a URL's
+// credentials, and only then is it cut, so that no cut leaves half a secret
+// behind. Control characters and runs of blanks become one space.
+func ScrubError(text string, secrets ...string) string {
+	text = strings.ToValidUTF8(text, "?")
+	for _, s := range secrets {
+		if len(s) >= 4 {
+			text = strings.ReplaceAll(text, s, "xxxxx")
+		}
+		if u, err := url.Parse(s); err == nil && u.User != nil {
+			if pw, ok := u.User.Password(); ok && pw != "" {
+				text = strings.ReplaceAll(text, pw, "xxxxx")
+			}
+		}
+	}
+	text = urlUserinfo.ReplaceAllString(text, "${1}:xxxxx@")
+	text = secretValue.ReplaceAllString(text, "${1}xxxxx")
+	text = bearer.ReplaceAllString(text, "${1}xxxxx")
+	text = strings.TrimSpace(whitespace.ReplaceAllString(text, " "))
+	return truncate(text, maxShownError)
+}

@@ -143,13 +143,9 @@ type Querier interface {
 // column or its claim index would claim nothing or scan the table on every
 // claim.
 func OpenStore(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) (*Store, error) {
-	cols, err := Catalog(ctx, pool, spec)
+	table, err := ResolveOutbox(ctx, pool, spec)
 	if err != nil {
 		return nil, err
-	}
-	table, err := ResolveTable(spec, cols)
-	if err != nil {
-		return nil, &UnusableTableError{Err: err}
 	}
 	if err := checkDrainable(ctx, pool, spec, table); err != nil {
 		return nil, err

@@ -32,6 +32,7 @@ type Columns struct {
 	ClaimedBy   string
 	Attempts    string
 	LastError   string
+	ParkedAt    string
 }
 
 // RoutingKey says where a row's routing key comes from. At most one field is
@@ -74,6 +75,11 @@ var contract = []logicalColumn{
 	{flag: "claimedBy", canonical: "claimed_by", required: true, sqlType: "text", migrate: true, field: func(c *Columns) *string { return &c.ClaimedBy }},
 	{flag: "attempts", canonical: "attempts", required: true, sqlType: "integer NOT NULL DEFAULT 0", migrate: true, field: func(c *Columns) *string { return &c.Attempts }},
 	{flag: "lastError", canonical: "last_error", sqlType: "text", field: func(c *Columns) *string { return &c.LastError }},
+	// parked_at marks a poisoned row that was parked: kept for a later
+	// replay or export, out of the poisoned count, and due at 'infinity' so
+	// no claim reaches it. Nullable without a default, so adding it rewrites
+	// nothing; a table without it can be replayed, not parked.
+	{flag: "parkedAt", canonical: "parked_at", sqlType: "timestamptz", migrate: true, field: func(c *Columns) *string { return &c.ParkedAt }},
 }
 
 // ColumnFlagNames lists the logical names accepted by --columns.
@@ -311,7 +317,8 @@ type ClaimParams struct {
 // The statement, step by step:
 //   - due: up to a batch of due rows, locked, in due order. A row at
 //     maxAttempts whose due time is finite (poisoned before due times
-//     existed, or maxAttempts lowered) is due but not live.
+//     existed, or maxAttempts lowered) is due but not live, as is a parked
+//     row someone made due by hand.
 //   - budget: walks the live rows in order, adding each payload's size, and
 //     stops at the first row that would take the claim over its byte
 //     budget; the first row is always taken. Only the rows it walks are
@@ -349,7 +356,12 @@ func (t *Table) Claim(p ClaimParams) Statement {
 		args = append(args, t.routingKey.Constant)
 		routingKey = "$7::text"
 	}
-	headers, enqueued := "NULL::jsonb", "now()"
+	headers, enqueued, live := "NULL::jsonb", "now()", q(c.Attempts)+" < $3"
+	if c.ParkedAt != "" {
+		// A parked row is due at 'infinity' and never reaches a claim; one
+		// made due by hand is still not published, and goes back out.
+		live += " AND " + q(c.ParkedAt) + " IS NULL"
+	}
 	if c.Headers != "" {
 		headers = "o." + q(c.Headers) + "::jsonb"
 	}
@@ -357,7 +369,7 @@ func (t *Table) Claim(p ClaimParams) Statement {
 		enqueued = "o." + q(c.EnqueuedAt)
 	}
 	sql := fmt.Sprintf(`WITH RECURSIVE due AS MATERIALIZED (
-	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[4]s < $3 AS live
+	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[4]s AS live
 	FROM %[1]s
 	WHERE %[5]s IS NULL AND %[3]s <= now()
 	ORDER BY %[3]s
@@ -390,7 +402,7 @@ UPDATE %[1]s AS o SET %[7]s = now(), %[8]s = $1, %[3]s = now() + $4 * interval '
 WHERE %[10]s
 RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN %[6]s <= $5 THEN o.%[11]s END, %[6]s, %[12]s, %[13]s, %[14]s,
 	(SELECT cardinality(tids) FROM queue)`,
-		t.ident, q(c.ID), q(c.AvailableAt), q(c.Attempts), q(c.PublishedAt), t.payloadSize(),
+		t.ident, q(c.ID), q(c.AvailableAt), live, q(c.PublishedAt), t.payloadSize(),
 		q(c.ClaimedAt), q(c.ClaimedBy), locatedIn("due WHERE NOT live"), locatedIn("taken"),
 		q(c.Payload), routingKey, headers, enqueued)
 	return Statement{SQL: sql, Args: args}
@@ -543,9 +555,13 @@ func (t *Table) PrunePublished(window time.Duration, limit int) Statement {
 // drainer.
 func (t *Table) PruneUnpublished(maxAge time.Duration, limit int) Statement {
 	c := t.cols
-	return t.prune(fmt.Sprintf("%s IS NULL AND %s < now() - $1 * interval '1 millisecond' AND (%s IS NULL OR %s <= now())",
-		q(c.PublishedAt), q(c.EnqueuedAt), q(c.ClaimedBy), q(c.AvailableAt)),
-		[]any{maxAge.Milliseconds(), limit})
+	where := fmt.Sprintf("%s IS NULL AND %s < now() - $1 * interval '1 millisecond' AND (%s IS NULL OR %s <= now())",
+		q(c.PublishedAt), q(c.EnqueuedAt), q(c.ClaimedBy), q(c.AvailableAt))
+	if c.ParkedAt != "" {
+		// A parked row was kept on purpose, for a later replay or export.
+		where += " AND " + q(c.ParkedAt) + " IS NULL"
+	}
+	return t.prune(where, []any{maxAge.Milliseconds(), limit})
 }
 
 // prune deletes at most $2 rows matching where, found again by table oid and

@@ -1,6 +1,7 @@
 // Package v1alpha1 holds the OutboxDrainer API: one resource declares one
-// fleet of drainers and reports its outbox's health. It depends on
-// apimachinery only, so that it is cheap to import.
+// fleet of drainers and reports its outbox's health, and an OutboxReplay
+// replays or parks its poisoned rows, once. It depends on apimachinery
+// only, so that it is cheap to import.
 //
 // +kubebuilder:object:generate=true
 // +groupName=spillway.io
@@ -24,7 +25,7 @@ var (
 )
 
 func addKnownTypes(scheme *runtime.Scheme) error {
-	scheme.AddKnownTypes(GroupVersion, &OutboxDrainer{}, &OutboxDrainerList{})
+	scheme.AddKnownTypes(GroupVersion, &OutboxDrainer{}, &OutboxDrainerList{}, &OutboxReplay{}, &OutboxReplayList{})
 	metav1.AddToGroupVersion(scheme, GroupVersion)
 	return nil
 }

@@ -51,6 +51,9 @@ type Columns struct {
 	Attempts Identifier `json:"attempts,omitempty"`
 	// +optional
 	LastError Identifier `json:"lastError,omitempty"`
+	// ParkedAt marks parked rows; spillway migrate adds it.
+	// +optional
+	ParkedAt Identifier `json:"parkedAt,omitempty"`
 }
 
 // RoutingKey says where a row's routing key comes from. With none set, it is
@@ -390,6 +393,16 @@ type OutboxDrainerStatus struct {
 	// retried until they are replayed.
 	// +optional
 	Poisoned *int64 `json:"poisoned,omitempty"`
+	// PoisonedBy lists the most common last errors of the poisoned rows,
+	// most rows first (at most 3), for triage; none on a table without a
+	// lastError column.
+	// +listType=atomic
+	// +optional
+	PoisonedBy []PoisonCause `json:"poisonedBy,omitempty"`
+	// Parked is the number of parked rows, kept for a later replay; unset
+	// on a table without a parkedAt column.
+	// +optional
+	Parked *int64 `json:"parked,omitempty"`
 	// OldestPendingAge is the age of the oldest row of the backlog, by the
 	// database's clock; 0s when the backlog is empty, unset when the table
 	// has no enqueuedAt column.

@@ -39,23 +39,34 @@ func (ps *pools) get(url string) (*pgxpool.Pool, error) {
 		pool.lastUsed = time.Now()
 		return pool.Pool, nil
 	}
-	cfg, err := pgxpool.ParseConfig(url)
+	cfg, err := poolConfig(url, ps.timeout)
 	if err != nil {
 		return nil, err
 	}
 	cfg.MaxConns = maxConnsPerDatabase
-	cfg.MinConns = 0
 	// A connection idle for longer than a few status intervals is closed,
 	// so the operator holds no session on a database it rarely reads.
 	cfg.MaxConnIdleTime = 2 * time.Minute
-	cfg.ConnConfig.ConnectTimeout = ps.timeout
-	cfg.ConnConfig.RuntimeParams["application_name"] = "spillway-operator"
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	if err != nil {
 		return nil, err
 	}
 	ps.byURL[url] = &pooled{Pool: pool, lastUsed: time.Now()}
 	return pool, nil
+}
+
+// poolConfig is how the operator connects to an outbox's database: named in
+// pg_stat_activity, opening no connection before it is asked for one, and
+// giving up on a connect after timeout.
+func poolConfig(url string, timeout time.Duration) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MinConns = 0
+	cfg.ConnConfig.ConnectTimeout = timeout
+	cfg.ConnConfig.RuntimeParams["application_name"] = "spillway-operator"
+	return cfg, nil
 }
 
 // closeUnused closes the pools whose URL is not in used, unless a read took

@@ -33,7 +33,7 @@ func (p *Prober) readOutbox(ctx context.Context, t Target) (status.Probe, string
 	if missing != "" {
 		probe.MissingSecrets = append(probe.MissingSecrets, missing)
 	}
-	_, missing, err = p.secretValue(ctx, t.Key.Namespace, "broker URL", t.Broker)
+	brokerURL, missing, err := p.secretValue(ctx, t.Key.Namespace, "broker URL", t.Broker)
 	if err != nil {
 		return probe, "", err
 	}
@@ -44,15 +44,19 @@ func (p *Prober) readOutbox(ctx context.Context, t Target) (status.Probe, string
 		probe.Reason, probe.Message = v1alpha1.ReasonSecretNotFound, probe.MissingSecrets[0]
 		return probe, "", nil
 	}
-	probe.Reason, probe.Message, probe.Outbox = p.queryOutbox(ctx, t, databaseURL)
+	probe.Reason, probe.Message, probe.Outbox = p.queryOutbox(ctx, t, databaseURL, brokerURL)
 	return probe, databaseURL, nil
 }
 
 // secretValue reads one key of a Secret. missing describes a Secret or key
 // that does not exist, and what it was for.
 func (p *Prober) secretValue(ctx context.Context, namespace, what string, ref v1alpha1.SecretKeyRef) (value, missing string, err error) {
+	return secretValue(ctx, p.secrets, namespace, what, ref)
+}
+
+func secretValue(ctx context.Context, secrets client.Reader, namespace, what string, ref v1alpha1.SecretKeyRef) (value, missing string, err error) {
 	var secret corev1.Secret
-	if err := p.secrets.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, &secret); err != nil {
+	if err := secrets.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, &secret); err != nil {
 		if apierrors.IsNotFound(err) {
 			return "", fmt.Sprintf("Secret %q (%s) was not found", ref.Name, what), nil
 		}
@@ -67,8 +71,9 @@ func (p *Prober) secretValue(ctx context.Context, namespace, what string, ref v1
 
 // queryOutbox reads the outbox's health on a pooled connection, in a
 // read-only transaction whose statements the server stops at the timeout.
-// The messages it returns never include the URL's password.
-func (p *Prober) queryOutbox(ctx context.Context, t Target, url string) (reason, message string, outbox *drainer.OutboxStatus) {
+// The messages it returns never include the URL's password, nor do the
+// poisoned rows' last errors include either URL's.
+func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL string) (reason, message string, outbox *drainer.OutboxStatus) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
 	spec, err := resource.TableSpec(t.Database)
@@ -106,7 +111,7 @@ func (p *Prober) queryOutbox(ctx context.Context, t Target, url string) (reason,
 	if err != nil {
 		return v1alpha1.ReasonTableNotUsable, err.Error(), nil
 	}
-	o, err := drainer.ReadBoundedOutboxStatus(ctx, tx, resolved, t.MaxAttempts, p.opts.CountLimit)
+	o, err := drainer.ReadBoundedOutboxStatus(ctx, tx, resolved, t.MaxAttempts, p.opts.CountLimit, url, brokerURL)
 	if err != nil {
 		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}

@@ -33,6 +33,7 @@ func columnMapping(c v1alpha1.Columns) [][2]string {
 		{"claimedBy", string(c.ClaimedBy)},
 		{"attempts", string(c.Attempts)},
 		{"lastError", string(c.LastError)},
+		{"parkedAt", string(c.ParkedAt)},
 	}
 }
 

@@ -140,7 +140,8 @@ func Degraded(f Fleet, poisoned int64) metav1.Condition {
 	}
 	if poisoned > 0 {
 		return degraded(v1alpha1.ReasonPoisonedRows,
-			fmt.Sprintf("%d rows reached maxAttempts and are not retried until they are replayed", poisoned))
+			fmt.Sprintf("%d rows reached maxAttempts and are not retried until they are replayed or parked: "+
+				"status.poisonedBy says why, and an OutboxReplay replays or parks them", poisoned))
 	}
 	return condition(v1alpha1.ConditionDegraded, metav1.ConditionFalse, f.Generation, v1alpha1.ReasonAsExpected, "")
 }

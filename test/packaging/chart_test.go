@@ -85,6 +85,7 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 			"Role/spillway-leader-election", "RoleBinding/spillway-leader-election",
 			"Service/spillway-metrics", "Deployment/spillway",
 			"ServiceAccount/spillway-test", "Role/spillway-test", "RoleBinding/spillway-test", "Pod/spillway-test",
+			"ClusterRole/spillway-outboxreplay-editor", "ClusterRole/spillway-outboxreplay-viewer",
 		))
 		appVersion := readYAML(chart + "/Chart.yaml")["appVersion"]
 		image := "ghcr.io/spillway-io/spillway:" + appVersion.(string)

@@ -58,8 +58,8 @@ app.kubernetes.io/component: test
 {{- end -}}
 
 {{/*
-What the controller does to OutboxDrainers and their children: a
-ClusterRole's rules, or each watched namespace's Role's.
+What the controller does to OutboxDrainers and their children, and to
+OutboxReplays: a ClusterRole's rules, or each watched namespace's Role's.
 */}}
 {{- define "spillway.operatorRules" -}}
 - apiGroups: [""]
@@ -78,7 +78,7 @@ ClusterRole's rules, or each watched namespace's Role's.
   resources: [poddisruptionbudgets]
   verbs: [create, delete, get, list, patch, watch]
 - apiGroups: [spillway.io]
-  resources: [outboxdrainers]
+  resources: [outboxdrainers, outboxreplays]
   verbs: [get, list, watch]
 - apiGroups: [spillway.io]
   resources: [outboxdrainers/finalizers]
@@ -86,4 +86,7 @@ ClusterRole's rules, or each watched namespace's Role's.
 - apiGroups: [spillway.io]
   resources: [outboxdrainers/status]
   verbs: [get, update]
+- apiGroups: [spillway.io]
+  resources: [outboxreplays/status]
+  verbs: [get, patch]
 {{- end -}}

@@ -1,0 +1,90 @@
+package probe
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/controllers/resource"
+	"github.com/spillway-io/spillway/drainer"
+)
+
+// ChangeResult is what one run of an OutboxReplay's change found and did.
+type ChangeResult struct {
+	// Reason is "" when the change ran to its end, or why it did not:
+	// ReasonSecretNotFound, ReasonInvalidDatabaseURL, ReasonConnectionFailed,
+	// ReasonTableNotUsable, ReasonQueryFailed, or ReasonInvalidSelector,
+	// which trying again will not change.
+	Reason string
+	// Message never includes a secret.
+	Message string
+	// Table is the outbox table, once resolved.
+	Table string
+	// Change is what was done, also when the run stopped part way.
+	Change drainer.PoisonedChange
+}
+
+// Change replays or parks an outbox's poisoned rows as req says, through
+// the OutboxDrainer's database Secret and table mapping: the same
+// statements as spillway poisoned, on one connection of its own that is
+// closed when it is done (a change is rare, and holds its connection for
+// every batch). timeout bounds the connect, the catalog look-up and each
+// statement on the server. The error is only for the API server failing
+// to answer; everything else is in the result.
+func Change(ctx context.Context, secrets client.Reader, namespace string, db v1alpha1.DatabaseSpec, req drainer.PoisonedRequest,
+	timeout time.Duration) (ChangeResult, error) {
+	ref := db.URLSecretRef
+	url, missing, err := secretValue(ctx, secrets, namespace, "database URL", ref)
+	if err != nil {
+		return ChangeResult{}, err
+	}
+	if missing != "" {
+		return ChangeResult{Reason: v1alpha1.ReasonSecretNotFound, Message: missing}, nil
+	}
+	spec, err := resource.TableSpec(db)
+	if err != nil {
+		return ChangeResult{Reason: v1alpha1.ReasonTableNotUsable, Message: err.Error()}, nil
+	}
+	cfg, err := poolConfig(url, timeout)
+	if err != nil {
+		// pgx's parse errors can quote the URL, password included.
+		return ChangeResult{Reason: v1alpha1.ReasonInvalidDatabaseURL, Message: fmt.Sprintf(
+			"The database URL in Secret %q, key %q, is not a valid Postgres connection string", ref.Name, ref.Key)}, nil
+	}
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return ChangeResult{Reason: v1alpha1.ReasonInvalidDatabaseURL, Message: drainer.RedactError(err, url).Error()}, nil
+	}
+	defer pool.Close()
+	redacted := drainer.RedactURL(url)
+	bounded, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	conn, err := pool.Acquire(bounded)
+	if err != nil {
+		return ChangeResult{Reason: v1alpha1.ReasonConnectionFailed,
+			Message: fmt.Sprintf("Connect to %s: %v", redacted, noAnswer(bounded, drainer.RedactError(err, url), timeout))}, nil
+	}
+	defer conn.Release()
+	table, err := drainer.ResolveOutbox(bounded, conn, spec)
+	if unusable := (*drainer.UnusableTableError)(nil); errors.As(err, &unusable) {
+		return ChangeResult{Reason: v1alpha1.ReasonTableNotUsable, Message: err.Error()}, nil
+	} else if err != nil {
+		return ChangeResult{Reason: v1alpha1.ReasonQueryFailed, Message: noAnswer(bounded, drainer.RedactError(err, url), timeout).Error()}, nil
+	}
+	req.StatementTimeout = timeout
+	done, err := drainer.ChangePoisoned(ctx, conn, table, req, field.NewPath("spec"))
+	result := ChangeResult{Table: table.Name(), Change: done}
+	if invalid := (*drainer.InvalidSelectorError)(nil); errors.As(err, &invalid) {
+		result.Reason, result.Message = v1alpha1.ReasonInvalidSelector, err.Error()
+	} else if err != nil {
+		result.Reason, result.Message = v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), timeout).Error()
+	}
+	return result, nil
+}
