@@ -1,8 +1,10 @@
 // Package probe reads each fleet's outbox off the reconcile path. The
 // Prober is a manager runnable: it reads each registered fleet's outbox on
 // its own schedule, with bounded concurrency, and feeds every result back to
-// the reconciler as an event. It is the one place where the operator reads
-// an outbox; every statement it runs is rendered by drainer.Table.
+// the reconciler as an event; each read also releases the claims of the
+// fleet's dead drainers. Change carries out an OutboxReplay's change. This
+// is the one place where the operator touches an outbox; every statement it
+// runs is rendered by drainer.Table.
 package probe
 
 import (
