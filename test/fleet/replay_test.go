@@ -148,9 +148,9 @@ var _ = Describe("Poisoned rows on the local cluster", Ordered, Label("e2e"), fu
 
 		out, err := runWithInput(replayManifest("long-keys-dry-run", true), "kubectl", "apply", "--namespace", replays, "-f", "-")
 		Expect(err).NotTo(HaveOccurred(), out)
-		Eventually(func() map[string]string {
+		Eventually(func(g Gomega) map[string]string {
 			_, rows := getOutboxReplays()
-			Expect(rows).To(HaveLen(1))
+			g.Expect(rows).To(HaveLen(1))
 			return rows[0]
 		}, time.Minute, time.Second).Should(And(HaveKeyWithValue("COMPLETE", "True"), HaveKeyWithValue("MATCHED", "100"),
 			HaveKeyWithValue("CHANGED", "0"), HaveKeyWithValue("DRYRUN", "true"), HaveKeyWithValue("ACTION", "replay"),
