@@ -50,6 +50,8 @@ type brokerChannel struct {
 	isBlocked atomic.Bool
 	// unhook stops the hard stop from cutting the socket's I/O.
 	unhook func() bool
+	// socket holds a run of publishes until the drainer waits.
+	socket *corkedConn
 }
 
 // dialBroker connects, enables confirms, and checks (or declares) the
@@ -66,6 +68,7 @@ func dialBroker(hardStop context.Context, cfg BrokerConfig, drainerID string, de
 		return nil, err
 	}
 	var unhook func() bool
+	var socket *corkedConn
 	conn, err := amqp.DialConfig(url, amqp.Config{
 		Properties: amqp.Table{"connection_name": "spillway-drainer/" + drainerID},
 		Dial: func(network, addr string) (net.Conn, error) {
@@ -78,7 +81,8 @@ func dialBroker(hardStop context.Context, cfg BrokerConfig, drainerID string, de
 				return nil, err
 			}
 			unhook = context.AfterFunc(hardStop, func() { _ = c.SetDeadline(time.Now()) })
-			return c, nil
+			socket = &corkedConn{Conn: c}
+			return socket, nil
 		},
 	})
 	if err != nil {
@@ -95,6 +99,7 @@ func dialBroker(hardStop context.Context, cfg BrokerConfig, drainerID string, de
 		returns:   make(chan amqp.Return, depth+1),
 		returned:  map[string]amqp.Return{},
 		unhook:    unhook,
+		socket:    socket,
 	}
 	if err := b.open(cfg); err != nil {
 		b.close()
@@ -182,8 +187,17 @@ func (b *brokerChannel) healthy() bool {
 	return !b.conn.IsClosed() && b.ch != nil && !b.ch.IsClosed()
 }
 
+// publish publishes msg, held in the socket's cork with the publishes
+// before it until flush.
 func (b *brokerChannel) publish(ctx context.Context, routingKey string, msg amqp.Publishing) (*amqp.DeferredConfirmation, error) {
+	b.socket.cork()
 	return b.ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, routingKey, b.mandatory, false, msg)
+}
+
+// flush sends the publishes held since the last flush. A failed write
+// closes the socket, and the confirms of what it held resolve as lost.
+func (b *brokerChannel) flush() {
+	_ = b.socket.flush()
 }
 
 // takeReturn reports whether the broker returned the message, and forgets

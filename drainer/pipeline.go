@@ -78,6 +78,9 @@ func (p *pipeline) pass(e inflight) {
 // waits for wake.
 func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
 	if len(p.inflight) == 0 {
+		if b := p.d.broker; b != nil {
+			b.flush() // nothing is held while the claim loop waits
+		}
 		<-wake
 		return false
 	}
@@ -86,6 +89,9 @@ func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
 	select {
 	case <-oldest.confirm.Done():
 	default:
+		// What the publishes left in the cork must leave before anything
+		// waits for a confirm.
+		oldest.broker.flush()
 		deadline := time.NewTimer(time.Until(oldest.publishedAt.Add(p.d.cfg.confirmTimeout())))
 		defer deadline.Stop()
 		select {

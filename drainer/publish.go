@@ -92,6 +92,9 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c Claim) *batch {
 			p.drain()
 		}
 	}
+	if d.broker != nil {
+		d.broker.flush()
+	}
 	return bt
 }
 

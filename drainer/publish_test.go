@@ -36,6 +36,7 @@ var _ = Describe("Classifying a confirm", Label("integration"), func() {
 		DeferCleanup(b.close)
 		dc, err := b.publish(ctx, "order.created", amqp.Publishing{MessageId: "row-1", Body: []byte("{}")})
 		Expect(err).NotTo(HaveOccurred())
+		b.flush()
 		Eventually(dc.Done()).Should(BeClosed())
 		Expect(b.ch.Close()).To(Succeed())
 

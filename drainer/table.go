@@ -451,7 +451,9 @@ func leaseArgs(leases []Lease) (tables []uint32, tids []pgtype.TID, tokens []tim
 // settle renders one settle statement: set applies to the rows of leases
 // that this drainer still holds under the same claim. args follow the
 // drainer ID as $5...; reasons, when given, ride along with each lease as
-// s.reason.
+// s.reason. Each lease finds its row by a TID scan on its own ctid: a
+// condition on all the ctids at once (ctid = ANY) turned the join into a
+// comparison of every row with every lease, quadratic in the batch.
 func (t *Table) settle(drainerID string, leases []Lease, set []string, reasons []string, args ...any) Statement {
 	tables, tids, tokens := leaseArgs(leases)
 	all := append([]any{tables, tids, tokens, drainerID}, args...)
@@ -464,7 +466,7 @@ func (t *Table) settle(drainerID string, leases []Lease, set []string, reasons [
 	return Statement{
 		SQL: fmt.Sprintf(`UPDATE %s AS o SET %s
 FROM %s
-WHERE o.ctid = ANY($2::tid[]) AND o.tableoid = s.toid AND o.ctid = s.tid
+WHERE o.tableoid = s.toid AND o.ctid = s.tid
 	AND o.%s = $4 AND o.%s = s.token AND o.%s IS NULL`,
 			t.ident, strings.Join(set, ", "), from, q(c.ClaimedBy), q(c.ClaimedAt), q(c.PublishedAt)),
 		Args: all,

@@ -101,3 +101,12 @@ func (u cpuUse) String() string {
 	}
 	return "cpu: " + strings.Join(parts, ", ")
 }
+
+// perEvent gives each group's CPU per event, e.g. "rabbitmq 67 µs".
+func (u cpuUse) perEvent(events int) string {
+	var parts []string
+	for i, g := range cpuGroups {
+		parts = append(parts, fmt.Sprintf("%s %3.0f µs", g.name, 1e6*u.seconds[i]/float64(events)))
+	}
+	return "cpu/event: " + strings.Join(parts, ", ")
+}

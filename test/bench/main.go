@@ -211,7 +211,7 @@ func report(what string, perSecond []float64, ratio string, use cpuUse) {
 		}
 		rounds = "rounds " + strings.Join(each, ", ")
 	}
-	fmt.Printf("%-46s %6.0f events/s  %-22s %-44s %s\n", what, median(perSecond), ratio, use, rounds)
+	fmt.Printf("%-46s %6.0f events/s  %-22s %-44s %s  %s\n", what, median(perSecond), ratio, use, use.perEvent(*events*len(perSecond)), rounds)
 }
 
 func median(xs []float64) float64 {
