@@ -113,6 +113,36 @@ var _ = Describe("The claim", Label("integration"), func() {
 		Expect(sizes).To(Equal([][]int64{{5011}, {391, 391}, {391, 391}, {391}}))
 	})
 
+	It("walks the budget row by row when payloads are too large to size up front, and claims the same rows", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		// Random hex does not compress: each payload is stored in over
+		// 2 kB, so the claim sizes it only when its walk reaches it.
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload)
+			SELECT 'order.created', jsonb_build_object('pad', (SELECT string_agg(md5(random()::text || g || i), '') FROM generate_series(1, 128) i))
+			FROM generate_series(1, 5) g`)
+		// And a small one, due first, sized up front.
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, available_at) VALUES ('order.created', '{"small": true}', now() - interval '1 minute')`)
+		Expect(count(ctx, spec.Name, "pg_column_size(payload) >= 2048")).To(Equal(5), "stored too large to size cheaply")
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		p := claimParams("drainer-a", 100)
+		p.MaxClaimBytes = 10_000 // the small row and two of 4,107 bytes fit, three of those do not
+
+		var sizes [][]int64
+		for range 3 {
+			c, err := store.Claim(ctx, p)
+			Expect(err).NotTo(HaveOccurred())
+			var claim []int64
+			for _, r := range c.Rows {
+				claim = append(claim, r.Size)
+				Expect(r.Payload).To(HaveLen(int(r.Size)), "the size is the payload's, as it is published")
+			}
+			slices.Sort(claim)
+			sizes = append(sizes, claim)
+		}
+		Expect(sizes).To(Equal([][]int64{{15, 4107, 4107}, {4107, 4107}, {4107}}))
+	})
+
 	It("claims released rows first, ahead of the rows that were due while they were held", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		seed(ctx, spec.Name, 3)

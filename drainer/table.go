@@ -319,12 +319,15 @@ type ClaimParams struct {
 //     maxAttempts whose due time is finite (poisoned before due times
 //     existed, or maxAttempts lowered) is due but not live, as is a parked
 //     row someone made due by hand.
-//   - budget: walks the live rows in order, adding each payload's size, and
-//     stops at the first row that would take the claim over its byte
-//     budget; the first row is always taken. Only the rows it walks are
-//     sized, so a large backlog of large payloads costs one row each.
-//   - taken: the rows within the budget. The rest stay unclaimed and are
-//     unlocked at commit.
+//   - the budget: the live rows in due order, adding each payload's size,
+//     up to the first row that would take the claim over its byte budget;
+//     the first row is always taken. A payload that is cheap to size (a
+//     text or bytea, or a JSON payload stored in under 2 kB) is sized as
+//     it is found; when every live row was, the budget is a running sum.
+//     Otherwise a walk sizes each row only as it reaches it, so a large
+//     backlog of large payloads costs one row each.
+//   - taken: the rows within the budget, with their sizes. The rest stay
+//     unclaimed and are unlocked at commit.
 //   - poisoned: the due rows that are not live get 'infinity', so that no
 //     claim walks over them again.
 //   - the update stamps the lease; claimed_by names the drainer and
@@ -332,11 +335,9 @@ type ClaimParams struct {
 //     settle is fenced on both.
 //
 // Rows are found again by table oid and ctid, which cannot change while the
-// row lock is held: a TID scan, not a primary-key probe per row. A ctid
+// row lock is held: a TID scan per row, not a primary-key probe. A ctid
 // names a row only within one table, and a partition or an inheriting child
-// numbers its own, so the oid goes with it. The ctids are also given as an
-// array, so that even a generic plan, whose LIMIT is unknown, stays a TID
-// scan rather than a join over the whole table.
+// numbers its own, so the oid goes with it.
 //
 // A payload over the size limit comes back as NULL with its size, so an
 // oversized row is never loaded into memory; it counts nothing against the
@@ -369,53 +370,80 @@ func (t *Table) Claim(p ClaimParams) Statement {
 		enqueued = "o." + q(c.EnqueuedAt)
 	}
 	sql := fmt.Sprintf(`WITH RECURSIVE due AS MATERIALIZED (
-	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[4]s AS live
+	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[4]s AS live, %[14]s AS size
 	FROM %[1]s
 	WHERE %[5]s IS NULL AND %[3]s <= now()
 	ORDER BY %[3]s
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ),
+sized AS (
+	SELECT toid, tid, size FROM (
+		SELECT toid, tid, size, row_number() OVER w AS n, sum(CASE WHEN size <= $5 THEN size ELSE 0 END) OVER w AS bytes
+		FROM due WHERE live
+		WINDOW w AS (ORDER BY due_at, tid)
+	) s
+	WHERE n = 1 OR bytes <= $6
+),
 queue AS MATERIALIZED (
-	SELECT coalesce(array_agg(toid ORDER BY due_at), '{}') AS toids, coalesce(array_agg(tid ORDER BY due_at), '{}') AS tids
+	SELECT array_agg(toid ORDER BY due_at, tid) AS toids, array_agg(tid ORDER BY due_at, tid) AS tids,
+		array_agg(size ORDER BY due_at, tid) AS sizes
 	FROM due WHERE live
 ),
-budget(n, bytes) AS (
-	SELECT 0, 0::bigint
+budget(n, bytes, size) AS (
+	SELECT 0, 0::bigint, 0::bigint
 	UNION ALL
-	SELECT b.n + 1, b.bytes + r.size
+	SELECT b.n + 1, b.bytes + CASE WHEN r.size <= $5 THEN r.size ELSE 0 END, r.size
 	FROM budget b, queue q, LATERAL (
-		SELECT CASE WHEN %[6]s <= $5 THEN %[6]s ELSE 0 END AS size
-		FROM %[1]s o WHERE o.tableoid = q.toids[b.n + 1] AND o.ctid = q.tids[b.n + 1]
+		SELECT coalesce(q.sizes[b.n + 1],
+			(SELECT %[6]s FROM %[1]s o WHERE o.tableoid = q.toids[b.n + 1] AND o.ctid = q.tids[b.n + 1])) AS size
 	) r
-	WHERE b.n < cardinality(q.tids) AND (b.n = 0 OR b.bytes + r.size <= $6)
+	WHERE b.n < cardinality(q.tids) AND (b.n = 0 OR b.bytes + CASE WHEN r.size <= $5 THEN r.size ELSE 0 END <= $6)
 ),
 taken AS (
-	SELECT unnest(q.toids[1:b.n]) AS toid, unnest(q.tids[1:b.n]) AS tid
-	FROM queue q, (SELECT max(n) AS n FROM budget) b
+	SELECT toid, tid, size FROM sized WHERE (SELECT coalesce(bool_and(size IS NOT NULL), true) FROM due WHERE live)
+	UNION ALL
+	SELECT q.toids[b.n], q.tids[b.n], b.size FROM budget b, queue q
+	WHERE b.n > 0 AND NOT (SELECT coalesce(bool_and(size IS NOT NULL), true) FROM due WHERE live)
 ),
 poisoned AS (
 	UPDATE %[1]s AS o SET %[3]s = 'infinity', %[7]s = NULL, %[8]s = NULL
 	WHERE %[9]s
 )
 UPDATE %[1]s AS o SET %[7]s = now(), %[8]s = $1, %[3]s = now() + $4 * interval '1 millisecond'
-WHERE %[10]s
-RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN %[6]s <= $5 THEN o.%[11]s END, %[6]s, %[12]s, %[13]s, %[14]s,
-	(SELECT cardinality(tids) FROM queue)`,
-		t.ident, q(c.ID), q(c.AvailableAt), live, q(c.PublishedAt), t.payloadSize(),
-		q(c.ClaimedAt), q(c.ClaimedBy), locatedIn("due WHERE NOT live"), locatedIn("taken"),
-		q(c.Payload), routingKey, headers, enqueued)
+FROM taken k
+WHERE o.ctid = ANY(ARRAY(SELECT tid FROM taken)) AND o.tableoid = k.toid AND o.ctid = k.tid
+RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN k.size <= $5 THEN o.%[10]s END, k.size, %[11]s, %[12]s, %[13]s,
+	(SELECT count(*) FROM due WHERE live)`,
+		t.ident, q(c.ID), q(c.AvailableAt), live, q(c.PublishedAt), t.payloadSize("o"),
+		q(c.ClaimedAt), q(c.ClaimedBy), locatedIn("due WHERE NOT live"),
+		q(c.Payload), routingKey, headers, enqueued, t.cheapPayloadSize())
 	return Statement{SQL: sql, Args: args}
 }
 
-// payloadSize is the size of the target row's payload as the drainer
-// receives it: a JSON payload as its text.
-func (t *Table) payloadSize() string {
-	if t.payloadType == "jsonb" || t.payloadType == "json" {
-		return "octet_length(o." + q(t.cols.Payload) + "::text)"
+// payloadSize is the size of the payload of the row aliased alias as the
+// drainer receives it: a JSON payload as its text.
+func (t *Table) payloadSize(alias string) string {
+	payload := alias + "." + q(t.cols.Payload)
+	if t.isJSON() {
+		return "octet_length(" + payload + "::text)"
 	}
-	return "octet_length(o." + q(t.cols.Payload) + ")"
+	return "octet_length(" + payload + ")"
 }
+
+// cheapPayloadSize is the payload's size where it costs little to know, and
+// NULL where it does not: a text or bytea knows its length without being
+// read, but a JSON payload is sized by writing it out as text, which for a
+// large one is more work than its claim, so only one stored in under 2 kB is.
+func (t *Table) cheapPayloadSize() string {
+	payload := q(t.cols.Payload)
+	if t.isJSON() {
+		return "CASE WHEN pg_column_size(" + payload + ") < 2048 THEN octet_length(" + payload + "::text) END"
+	}
+	return "octet_length(" + payload + ")"
+}
+
+func (t *Table) isJSON() bool { return t.payloadType == "jsonb" || t.payloadType == "json" }
 
 // locatedIn matches the target rows (alias o) whose table oid and ctid are
 // listed by a query over from, which selects toid and tid.
