@@ -57,9 +57,14 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 			continue
 		}
 		retry.Reset()
-		full := c.claim.Full(d.cfg.BatchSize)
+		full := c.claim.Full(c.size)
 		if full && !d.cfg.SerialBatches && d.brokerUsable() && !d.broker.blocked() && d.pushback.wait() == 0 {
 			next = d.claim(hardStop)
+		}
+		if wait := d.rate.take(len(c.claim.Rows)); wait > 0 {
+			// The rate cap: the rows wait under their lease, which the
+			// claim's size keeps three times longer than the wait.
+			p.sleep(ctx, wait)
 		}
 		if len(c.claim.Rows) > 0 {
 			// Should the broker have failed since the claim, publish
@@ -91,9 +96,11 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 // lateCommitWindow is how soon a wake-up's claim is followed by another.
 const lateCommitWindow = 20 * time.Millisecond
 
-// pendingClaim is one claim under way; claim and err are set when done closes.
+// pendingClaim is one claim under way, of at most size rows; claim and err
+// are set when done closes.
 type pendingClaim struct {
 	done  chan struct{}
+	size  int
 	claim Claim
 	err   error
 }
@@ -109,8 +116,14 @@ func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
 		defer close(c.done)
 		ctx, cancel := context.WithTimeout(hardStop, d.cfg.LeaseTTL/2)
 		defer cancel()
+		d.rate.refresh(ctx, func(ctx context.Context) (int, error) {
+			return d.store.LeaseHolders(ctx, d.cfg.DrainerID, d.cfg.LeaseTTL)
+		})
+		params := d.cfg.ClaimParams()
+		params.BatchSize = d.rate.claimSize(params.BatchSize, d.cfg.LeaseTTL)
+		c.size = params.BatchSize
 		start := time.Now()
-		c.claim, c.err = d.store.Claim(ctx, d.cfg.ClaimParams())
+		c.claim, c.err = d.store.Claim(ctx, params)
 		if c.err == nil {
 			if len(c.claim.Rows) > 0 {
 				d.held.add(c.claim.Token)

@@ -103,6 +103,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(windowFlag{&c.Retention.UnpublishedMaxAge}, "retention-unpublished-max-age",
 		"delete rows never published this long after enqueued_at, poisoned ones included (unset: keep)")
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "pause between retention runs")
+	fs.Float64Var(&c.MaxRate, "max-rate", c.MaxRate,
+		"events per second that all the drainers of the table publish together, at most, each taking an equal share (0: no cap)")
 }
 
 func defaultDrainerID() string {

@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -60,6 +61,9 @@ type Config struct {
 	// flight, settling them and releasing the rest.
 	ShutdownTimeout time.Duration
 	Retention       Retention
+	// MaxRate caps the events per second that all the drainers of the table
+	// publish together (0: no cap); each takes an equal share of it.
+	MaxRate float64
 	// SerialBatches waits for a batch to settle before claiming the next. It
 	// exists to measure what overlapping claims with confirms buys; there is
 	// no flag for it.
@@ -194,6 +198,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPipelineBytes <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("maxPipelineBytes"), c.MaxPipelineBytes, "must be greater than 0"))
+	}
+	if c.MaxRate < 0 || math.IsNaN(c.MaxRate) || math.IsInf(c.MaxRate, 0) {
+		errs = append(errs, field.Invalid(field.NewPath("maxRate"), c.MaxRate, "must be 0 (no cap) or a positive number of events per second"))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("shutdownTimeout"), c.ShutdownTimeout.String(), "must be greater than 0"))

@@ -83,6 +83,8 @@ type Drainer struct {
 	// rotateBroker asks for a reconnect between batches: the broker URL
 	// file changed.
 	rotateBroker atomic.Bool
+	// rate is --max-rate's share, or nil.
+	rate *rateCap
 }
 
 // New checks the config and returns a drainer over store.
@@ -109,6 +111,7 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		pushback:    pushback{backoff: newRetryBackoff()},
 		strikes:     strikes{},
 		held:        heldClaims{tokens: map[int64]int{}},
+		rate:        newRateCap(cfg.MaxRate, cfg.BatchSize),
 	}
 	d.liveness.beat(0)
 	return d, nil

@@ -283,6 +283,16 @@ func (s *Store) ReleaseHeld(ctx context.Context, drainerID string, lease time.Du
 	return tag.RowsAffected(), nil
 }
 
+// LeaseHolders counts the other drainers that hold claims on the table.
+func (s *Store) LeaseHolders(ctx context.Context, drainerID string, lease time.Duration) (int, error) {
+	stmt := s.table.LeaseHolders(drainerID, lease)
+	var n int
+	if err := s.pool.QueryRow(ctx, stmt.SQL, stmt.Args...).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count the drainers holding claims on %s: %w", s.table.Name(), err)
+	}
+	return n, nil
+}
+
 // Prune runs one retention statement in bounded batches until a batch comes
 // back short, and returns how many rows it deleted. Each batch is its own
 // short transaction, so no lock is held for long.

@@ -1,0 +1,68 @@
+package drainer
+
+import (
+	"context"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"golang.org/x/time/rate"
+)
+
+var _ = Describe("The rate cap", func() {
+	It("claims a second's worth of the share, a third of a lease's at most, and at least one row", func() {
+		var none *rateCap
+		Expect(none.claimSize(500, 30*time.Second)).To(Equal(500), "no cap: the batch")
+		Expect(none.take(500)).To(BeZero())
+		r := newRateCap(1600, 500)
+		Expect(r.claimSize(500, 30*time.Second)).To(Equal(500))
+		r.limiter.SetLimit(rate.Limit(400))
+		Expect(r.claimSize(500, 30*time.Second)).To(Equal(400), "a second's worth")
+		Expect(r.claimSize(500, 900*time.Millisecond)).To(Equal(120), "a third of a 900ms lease's worth")
+		r.limiter.SetLimit(rate.Limit(0.5))
+		Expect(r.claimSize(500, 30*time.Second)).To(Equal(1))
+	})
+
+	It("makes each claim after the first burst wait for its rows' share of the cap", func() {
+		r := newRateCap(100, 100)
+		Expect(r.take(100)).To(BeZero(), "the burst a new drainer starts with")
+		Expect(r.take(50)).To(BeNumerically("~", 500*time.Millisecond, 20*time.Millisecond))
+	})
+
+	It("shares the cap among the drainers holding claims, counted once a second", func(ctx SpecContext) {
+		r := newRateCap(900, 100)
+		counted := 0
+		r.refresh(ctx, func(context.Context) (int, error) { counted++; return 2, nil })
+		Expect(float64(r.limiter.Limit())).To(Equal(300.0))
+		r.refresh(ctx, func(context.Context) (int, error) { counted++; return 0, nil })
+		Expect(counted).To(Equal(1), "not again within a second")
+		Expect(float64(r.limiter.Limit())).To(Equal(300.0))
+	})
+
+	It("holds two drainers of one table to --max-rate together, each publishing its share", Label("integration"), func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		seed(ctx, spec.Name, 4000)
+		const capped = 400.0
+		for _, id := range []string{"drainer-a", "drainer-b"} {
+			cfg := testConfig(id, spec, topo.Exchange)
+			cfg.MaxRate = capped
+			startDrainer(ctx, cfg)
+		}
+		published := func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }
+		// Past the first claims, which each drainer makes before it has
+		// counted the other, at the whole cap.
+		Eventually(published, drainTimeout).Should(BeNumerically(">=", 1000))
+		from, start := published(), time.Now()
+		Eventually(published, drainTimeout).Should(BeNumerically(">=", from+1200))
+		rate := float64(published()-from) / time.Since(start).Seconds()
+		GinkgoWriter.Printf("two drainers capped at %.0f/s together published %.0f/s\n", capped, rate)
+		Expect(rate).To(BeNumerically("<=", 1.25*capped), "the cap holds for the two together")
+		Expect(rate).To(BeNumerically(">=", 0.5*capped), "and lets them drain")
+		by := map[string]int{}
+		for _, id := range []string{"drainer-a", "drainer-b"} {
+			by[id] = count(ctx, spec.Name, "published_at IS NOT NULL AND claimed_by = $1", id)
+			Expect(by[id]).To(BeNumerically(">", 0), "each published its share: %v", by)
+		}
+	})
+})
