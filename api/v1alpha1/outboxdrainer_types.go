@@ -341,6 +341,13 @@ type OutboxDrainerSpec struct {
 	ShutdownTimeout metav1.Duration `json:"shutdownTimeout,omitzero"`
 	// +optional
 	Retention *Retention `json:"retention,omitempty"`
+	// MaxRate caps the events per second the fleet publishes, all its
+	// drainers together, so that a backlog drains at a pace the
+	// application's database can live beside. Each drainer takes an equal
+	// share among the drainers holding claims on the table. Unset: no cap.
+	// +kubebuilder:validation:Minimum=1
+	// +optional
+	MaxRate *int64 `json:"maxRate,omitempty"`
 
 	// StatusInterval is how often the operator reads the outbox's backlog.
 	// +kubebuilder:validation:Type=string

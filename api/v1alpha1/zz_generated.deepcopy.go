@@ -209,6 +209,11 @@ func (in *OutboxDrainerSpec) DeepCopyInto(out *OutboxDrainerSpec) {
 		*out = new(Retention)
 		(*in).DeepCopyInto(*out)
 	}
+	if in.MaxRate != nil {
+		in, out := &in.MaxRate, &out.MaxRate
+		*out = new(int64)
+		**out = **in
+	}
 	out.StatusInterval = in.StatusInterval
 	in.Resources.DeepCopyInto(&out.Resources)
 	in.Pod.DeepCopyInto(&out.Pod)

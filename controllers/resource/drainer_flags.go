@@ -99,6 +99,9 @@ func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
 		"--shutdown-timeout="+s.ShutdownTimeout.Duration.String(),
 		fmt.Sprintf("--metrics-addr=:%d", MetricsPort),
 	)
+	if s.MaxRate != nil {
+		args = append(args, "--max-rate="+strconv.FormatInt(*s.MaxRate, 10))
+	}
 	// Unset retention keeps rows forever; the drainer refuses a zero one.
 	if r := s.Retention; r != nil {
 		if r.Published != nil {

@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/gomega"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+	"k8s.io/utils/ptr"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/drainer"
@@ -48,6 +49,7 @@ var _ = Describe("The drainer's command line", func() {
 			Published:         &metav1.Duration{Duration: 72 * time.Hour},
 			UnpublishedMaxAge: &metav1.Duration{Duration: 720 * time.Hour},
 		}
+		od.Spec.MaxRate = ptr.To(int64(1600))
 		args := DrainArgs(od.Spec)
 		Expect(args[0]).To(Equal("drain"))
 		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde") // the downward API's, in a pod
@@ -66,6 +68,7 @@ var _ = Describe("The drainer's command line", func() {
 		Expect(cfg.ShutdownTimeout).To(Equal(od.Spec.ShutdownTimeout.Duration))
 		Expect(*cfg.Retention.Published).To(Equal(72 * time.Hour))
 		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
+		Expect(cfg.MaxRate).To(Equal(1600.0))
 		Expect(httpAddr).To(Equal(fmt.Sprintf(":%d", MetricsPort)))
 	})
 
