@@ -42,7 +42,7 @@ var _ = Describe("The rate cap", func() {
 	It("holds two drainers of one table to --max-rate together, each publishing its share", Label("integration"), func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		topo := topology("#", nil)
-		seed(ctx, spec.Name, 4000)
+		seed(ctx, spec.Name, 8000)
 		const capped = 400.0
 		for _, id := range []string{"drainer-a", "drainer-b"} {
 			cfg := testConfig(id, spec, topo.Exchange)
@@ -50,11 +50,12 @@ var _ = Describe("The rate cap", func() {
 			startDrainer(ctx, cfg)
 		}
 		published := func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }
-		// Past the first claims, which each drainer makes before it has
-		// counted the other, at the whole cap.
-		Eventually(published, drainTimeout).Should(BeNumerically(">=", 1000))
+		// Past each drainer's first burst and first seconds, before it has
+		// counted the other, while it takes the whole cap, and the wait
+		// that pays that back.
+		Eventually(published, drainTimeout).Should(BeNumerically(">=", 3000))
 		from, start := published(), time.Now()
-		Eventually(published, drainTimeout).Should(BeNumerically(">=", from+1200))
+		Eventually(published, drainTimeout).Should(BeNumerically(">=", from+2000))
 		rate := float64(published()-from) / time.Since(start).Seconds()
 		GinkgoWriter.Printf("two drainers capped at %.0f/s together published %.0f/s\n", capped, rate)
 		Expect(rate).To(BeNumerically("<=", 1.25*capped), "the cap holds for the two together")

@@ -290,13 +290,13 @@ type OutboxDrainerSpec struct {
 	// BatchSize is the number of rows per claim.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100000
-	// +kubebuilder:default=100
+	// +kubebuilder:default=500
 	// +optional
 	BatchSize int32 `json:"batchSize,omitempty"`
 	// PipelineDepth is the number of publisher confirms in flight at most.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100000
-	// +kubebuilder:default=64
+	// +kubebuilder:default=100
 	// +optional
 	PipelineDepth int32 `json:"pipelineDepth,omitempty"`
 	// LeaseTTL is how long a claim is held before another drainer may take

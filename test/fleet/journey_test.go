@@ -349,7 +349,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 			check(ctx, "batchSize changed (rolling update)", func(ctx context.Context, f *fault) {
 				before := readyPods(ctx, shop, drainerLabels)
 				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"batchSize":250}}`)
-				f.inject("kubectl patch outboxdrainer %s: batchSize 100 -> 250", fleetName)
+				f.inject("kubectl patch outboxdrainer %s: batchSize 500 -> 250", fleetName)
 				Eventually(func(g Gomega) {
 					list := pods(ctx, shop, drainerLabels)
 					g.Expect(list).To(HaveLen(2))
