@@ -80,7 +80,13 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 			if followUp {
 				wait = min(wait, lateCommitWindow)
 			}
-			followUp = p.idle(ctx, wait, d.wake)
+			if followUp = p.idle(ctx, wait, d.wake); followUp && d.cfg.WakeCoalesce > 0 {
+				// Under a steady stream of commits every notification would
+				// be a claim of a row or two and a settle: a storm of tiny
+				// transactions in the application's database. The
+				// notifications of the next few milliseconds share a claim.
+				p.sleep(ctx, d.cfg.WakeCoalesce)
+			}
 		}
 	}
 	if next != nil {

@@ -61,6 +61,9 @@ type Config struct {
 	// flight, settling them and releasing the rest.
 	ShutdownTimeout time.Duration
 	Retention       Retention
+	// WakeCoalesce is how long a claim woken by a notification waits for
+	// the commits that follow, so that they share it.
+	WakeCoalesce time.Duration
 	// MaxRate caps the events per second that all the drainers of the table
 	// publish together (0: no cap); each takes an equal share of it.
 	MaxRate float64
@@ -98,6 +101,7 @@ func DefaultConfig() Config {
 		PipelineDepth:   100,
 		LeaseTTL:        30 * time.Second,
 		PollInterval:    time.Second,
+		WakeCoalesce:    10 * time.Millisecond,
 		MaxAttempts:     10,
 		RetryInitial:    time.Second,
 		RetryMax:        10 * time.Minute,
@@ -201,6 +205,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxPipelineBytes <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("maxPipelineBytes"), c.MaxPipelineBytes, "must be greater than 0"))
+	}
+	if c.WakeCoalesce < 0 || c.WakeCoalesce >= c.PollInterval {
+		errs = append(errs, field.Invalid(field.NewPath("wakeCoalesce"), c.WakeCoalesce.String(), "must be 0 (claim at once) or positive and shorter than pollInterval "+c.PollInterval.String()))
 	}
 	if c.MaxRate < 0 || math.IsNaN(c.MaxRate) || math.IsInf(c.MaxRate, 0) {
 		errs = append(errs, field.Invalid(field.NewPath("maxRate"), c.MaxRate, "must be 0 (no cap) or a positive number of events per second"))

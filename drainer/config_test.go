@@ -55,6 +55,8 @@ var _ = Describe("Config validation", func() {
 			d := -time.Hour
 			c.Retention.UnpublishedMaxAge = &d
 		}, `retention.unpublishedMaxAge: Invalid value: "-1h0m0s": must be greater than 0`),
+		Entry("a wake coalescing window as long as the poll interval", func(c *Config) { c.WakeCoalesce = c.PollInterval },
+			`wakeCoalesce: Invalid value: "1s": must be 0 (claim at once) or positive and shorter than pollInterval 1s`),
 		Entry("a zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, `shutdownTimeout: Invalid value: "0s": must be greater than 0`),
 		Entry("the default exchange without mandatory, which drops unroutable rows and marks them published",
 			func(c *Config) { c.Broker.Exchange, c.Broker.Mandatory = "", false },
