@@ -1,12 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"log"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The processes whose CPU the benchmark attributes: the broker, the
@@ -16,6 +20,13 @@ var cpuGroups = []struct{ name, comm string }{
 	{"postgres", "postgres"},
 	{"drainer", ""}, // this process
 }
+
+// The groups' indexes.
+const (
+	groupBroker = iota
+	groupDatabase
+	groupDrainer
+)
 
 // cpuTimes is CPU seconds per group.
 type cpuTimes []float64
@@ -64,22 +75,49 @@ type cpuUse struct {
 	wall    time.Duration
 }
 
-// stopwatch times a stretch of work and the CPU each group spent on it.
+// stopwatch times a stretch of work, the CPU each group spent on it, and
+// the WAL the database wrote meanwhile.
 type stopwatch struct {
 	cpu   map[string]processCPU
 	start time.Time
+	db    *pgxpool.Pool
+	wal   walUse
 }
 
-func startWatch() stopwatch { return stopwatch{cpu: readCPU(), start: time.Now()} }
+func startWatch(db *pgxpool.Pool) stopwatch {
+	return stopwatch{cpu: readCPU(), start: time.Now(), db: db, wal: readWAL(db)}
+}
 
 // stop reads the watch while every process it measures is still alive: a
-// backend that exits takes its CPU time out of /proc with it.
-func (w stopwatch) stop() cpuUse {
+// backend that exits takes its CPU time out of /proc with it. events is
+// how many the stretch moved.
+func (w stopwatch) stop(events int) run {
 	use := cpuUse{seconds: make(cpuTimes, len(cpuGroups)), wall: time.Since(w.start)}
 	for pid, p := range readCPU() {
 		use.seconds[p.group] += p.seconds - w.cpu[pid].seconds // a new process started from 0
 	}
-	return use
+	wal := readWAL(w.db)
+	wal.bytes, wal.syncs = wal.bytes-w.wal.bytes, wal.syncs-w.wal.syncs
+	return run{rate: float64(events) / use.wall.Seconds(), cpu: use, wal: wal, events: events}
+}
+
+// walUse is the WAL written and the WAL syncs made, from pg_stat_wal.
+type walUse struct{ bytes, syncs float64 }
+
+func readWAL(db *pgxpool.Pool) walUse {
+	var w walUse
+	if err := db.QueryRow(context.Background(), "SELECT wal_bytes::float8, wal_sync::float8 FROM pg_stat_wal").Scan(&w.bytes, &w.syncs); err != nil {
+		log.Fatalf("read pg_stat_wal: %v", err)
+	}
+	return w
+}
+
+func (w walUse) add(o walUse) walUse { return walUse{w.bytes + o.bytes, w.syncs + o.syncs} }
+
+// per1000 is the WAL per 1,000 events.
+func (w walUse) per1000(events int) string {
+	k := float64(events) / 1000
+	return fmt.Sprintf("WAL/1k events: %4.0f kB, %5.1f syncs", w.bytes/k/1024, w.syncs/k)
 }
 
 func (u cpuUse) add(o cpuUse) cpuUse {
@@ -100,13 +138,4 @@ func (u cpuUse) String() string {
 		parts = append(parts, fmt.Sprintf("%s %3.0f%%", g.name, 100*u.seconds[i]/u.wall.Seconds()))
 	}
 	return "cpu: " + strings.Join(parts, ", ")
-}
-
-// perEvent gives each group's CPU per event, e.g. "rabbitmq 67 µs".
-func (u cpuUse) perEvent(events int) string {
-	var parts []string
-	for i, g := range cpuGroups {
-		parts = append(parts, fmt.Sprintf("%s %3.0f µs", g.name, 1e6*u.seconds[i]/float64(events)))
-	}
-	return "cpu/event: " + strings.Join(parts, ", ")
 }

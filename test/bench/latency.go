@@ -56,7 +56,7 @@ func (b *bench) commitLatency(ctx context.Context, notify bool) latencyRun {
 	total := int(float64(*latencyRate) * latencyDuration.Seconds())
 	body := b.payload()
 	committed := make([]map[string]time.Time, producers)
-	start, watch := time.Now(), startWatch()
+	start, watch := time.Now(), startWatch(b.pool)
 	var wg sync.WaitGroup
 	for p := range producers {
 		committed[p] = map[string]time.Time{}
@@ -72,7 +72,7 @@ func (b *bench) commitLatency(ctx context.Context, notify bool) latencyRun {
 		})
 	}
 	wg.Wait()
-	run := latencyRun{events: total, rate: float64(total) / time.Since(start).Seconds(), cpu: watch.stop()}
+	run := latencyRun{events: total, rate: float64(total) / time.Since(start).Seconds(), cpu: watch.stop(total).cpu}
 	deadline := time.Now().Add(30 * time.Second)
 	for int(f.published()) < total {
 		if time.Now().After(deadline) {
