@@ -92,8 +92,8 @@ func (r Retention) enabled() bool { return r.Published != nil || r.UnpublishedMa
 // DefaultConfig returns the defaults a user gets without flags.
 func DefaultConfig() Config {
 	return Config{
-		Table:           TableSpec{Name: "public.outbox"},
-		Broker:          BrokerConfig{ExchangeType: "topic"},
+		Table:  TableSpec{Name: "public.outbox"},
+		Broker: BrokerConfig{ExchangeType: "topic"},
 		// Measured in make bench: batches of 500 halve the statements per
 		// event against 100 and cost Postgres a fifth less per event, and
 		// 100 confirms in flight is the most a 30 s lease allows.
