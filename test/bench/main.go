@@ -40,7 +40,7 @@ var (
 	tunedBatch    = flag.Int("tuned-batch-size", 1000, "batch size of the tuned run the defaults are compared with")
 	tunedDepth    = flag.Int("tuned-pipeline-depth", 256, "pipeline depth of the tuned run (its lease is raised to the lease rule's)")
 	ceilingWindow = flag.Int("ceiling-window", 256, "confirms in flight of the raw publisher")
-	sectionList   = flag.String("sections", "throughput,latency,claims", "which measurements to run, comma-separated")
+	sectionList   = flag.String("sections", "throughput,neighbour,latency,claims", "which measurements to run, comma-separated")
 	cpuProfile    = flag.String("cpuprofile", "", "write a CPU profile of the first 1-process drainer run to this file")
 )
 
@@ -81,6 +81,9 @@ func main() {
 	var targets []string
 	if sections["throughput"] {
 		targets = append(targets, b.throughput(ctx)...)
+	}
+	if sections["neighbour"] {
+		targets = append(targets, b.goodNeighbour(ctx)...)
 	}
 	// Latency before the claim runs, whose million-row tables leave
 	// checkpoints and vacuums behind.

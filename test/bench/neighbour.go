@@ -1,0 +1,184 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+var (
+	neighbourRate     = flag.Int("neighbour-rate", 500, "the application's commits per second in the good-neighbour runs, one outbox row each")
+	neighbourConns    = flag.Int("neighbour-connections", 8, "the application's connections in the good-neighbour runs")
+	neighbourDuration = flag.Duration("neighbour-duration", 8*time.Second, "length of each good-neighbour run")
+	neighbourBacklog  = flag.Int("neighbour-backlog", 200_000, "pending rows in the outbox when each good-neighbour run starts")
+)
+
+// neighbourRun is what one good-neighbour run measured: the application's
+// commit latencies, and the drain beside it.
+type neighbourRun struct {
+	commits  []time.Duration // sorted
+	drained  int
+	wall     time.Duration
+	wal      walUse
+	ranEmpty bool // the backlog was drained before the run ended
+}
+
+func (r neighbourRun) quantile(q float64) time.Duration {
+	return r.commits[min(int(q*float64(len(r.commits))), len(r.commits)-1)]
+}
+
+// neighbours accumulates the runs of one way of draining.
+type neighbours struct {
+	what string
+	runs []neighbourRun
+}
+
+func (n *neighbours) median(f func(neighbourRun) float64) float64 {
+	var xs []float64
+	for _, r := range n.runs {
+		xs = append(xs, f(r))
+	}
+	return median(xs)
+}
+
+func (n *neighbours) p99() float64 {
+	return n.median(func(r neighbourRun) float64 { return ms(r.quantile(0.99)) })
+}
+
+func (n *neighbours) rate() float64 {
+	return n.median(func(r neighbourRun) float64 { return float64(r.drained) / r.wall.Seconds() })
+}
+
+// goodNeighbour measures the harm a drain does to the application that
+// shares its database: the application commits single-row outbox events at
+// a fixed rate over several connections while a backlog is drained beside
+// it, by nothing, by Spillway, by the naive drainer, and by Spillway capped
+// at the naive drainer's rate.
+func (b *bench) goodNeighbour(ctx context.Context) []string {
+	spec := b.outbox(ctx)
+	defer b.exec(ctx, "DROP TABLE "+spec.Name)
+	appConfig, err := pgxpool.ParseConfig(testenv.DatabaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	appConfig.MaxConns, appConfig.MinConns = int32(*neighbourConns), int32(*neighbourConns)
+	appConfig.ConnConfig.RuntimeParams["application_name"] = "bench-application"
+	app, err := pgxpool.NewWithConfig(ctx, appConfig)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer app.Close()
+
+	none := &neighbours{what: "no drainer"}
+	naive := &neighbours{what: "naive drainer"}
+	spill := &neighbours{what: "spillway, 1 drainer, defaults (uncapped)"}
+	capped := &neighbours{what: "spillway, capped at the naive drainer's rate"}
+	synchronous := &neighbours{what: "spillway, synchronous_commit on"}
+	spillway := func(tweak func(*drainer.Config)) func() drain {
+		return func() drain {
+			f := b.newFleet(ctx, spec, 1, tweak)
+			return drain{published: func() int { return int(f.published()) }, stop: f.run(ctx)}
+		}
+	}
+	for round := range *rounds {
+		log.Printf("good neighbour, round %d of %d: the application at %d commits/s beside no drainer, naive, spillway, spillway capped, spillway with synchronous_commit on",
+			round+1, *rounds, *neighbourRate)
+		none.runs = append(none.runs, b.neighbourRun(ctx, app, spec, nil))
+		naive.runs = append(naive.runs, b.neighbourRun(ctx, app, spec, func() drain {
+			n := b.startNaive(ctx, spec)
+			return drain{published: func() int { return int(n.published.Load()) }, stop: n.stop}
+		}))
+		naiveRate := float64(naive.runs[round].drained) / naive.runs[round].wall.Seconds()
+		spill.runs = append(spill.runs, b.neighbourRun(ctx, app, spec, spillway(nil)))
+		capped.runs = append(capped.runs, b.neighbourRun(ctx, app, spec, spillway(func(c *drainer.Config) { c.MaxRate = naiveRate })))
+		synchronous.runs = append(synchronous.runs, b.neighbourRun(ctx, app, spec, spillway(func(c *drainer.Config) { c.SynchronousCommit = true })))
+	}
+
+	fmt.Printf("\ngood neighbour: the application commits %d single-row outbox events/s over %d connections for %s, beside a backlog of %d rows; medians of %d rounds\n",
+		*neighbourRate, *neighbourConns, *neighbourDuration, *neighbourBacklog, *rounds)
+	for _, n := range []*neighbours{none, naive, spill, capped, synchronous} {
+		n.report(none)
+	}
+	base := none.p99()
+	return []string{
+		target("commit p99 beside spillway ≤ 2 × without", fmt.Sprintf("%.2f", spill.p99()/base), spill.p99() <= 2*base),
+		target("commit p99, spillway capped ≤ beside naive", fmt.Sprintf("%.2f", capped.p99()/naive.p99()), capped.p99() <= naive.p99()),
+	}
+}
+
+// report prints the application's commit latency beside one way of
+// draining, the drain's rate, and the WAL written and synced meanwhile.
+func (n *neighbours) report(none *neighbours) {
+	p50 := n.median(func(r neighbourRun) float64 { return ms(r.quantile(0.5)) })
+	line := fmt.Sprintf("%-46s commit p50 %6.2f ms  p99 %6.2f ms (%.2fx)", n.what, p50, n.p99(), n.p99()/none.p99())
+	if n != none {
+		line += fmt.Sprintf("  drained %6.0f events/s", n.rate())
+	}
+	// All the WAL of the run, the application's and the drain's: what the
+	// application's commits wait to flush.
+	wal := n.median(func(r neighbourRun) float64 { return r.wal.bytes / 1024 / r.wall.Seconds() })
+	syncs := n.median(func(r neighbourRun) float64 { return r.wal.syncs / r.wall.Seconds() })
+	line += fmt.Sprintf("  WAL %6.0f kB/s, %4.0f syncs/s", wal, syncs)
+	var empty []string
+	for i, r := range n.runs {
+		if r.ranEmpty {
+			empty = append(empty, fmt.Sprint(i+1))
+		}
+	}
+	if len(empty) > 0 {
+		line += "  (backlog ran out in round " + strings.Join(empty, ", ") + ")"
+	}
+	fmt.Println(line)
+}
+
+// drain is a drainer running beside the application.
+type drain struct {
+	published func() int
+	stop      func()
+}
+
+// neighbourRun seeds the backlog, starts the drain (nil: none), runs the
+// application for the run's length and returns what it measured.
+func (b *bench) neighbourRun(ctx context.Context, app *pgxpool.Pool, spec drainer.TableSpec, start func() drain) neighbourRun {
+	b.seed(ctx, spec, *neighbourBacklog, 0)
+	b.exec(ctx, "CHECKPOINT") // every run starts owing no checkpoint
+	d := drain{published: func() int { return 0 }, stop: func() {}}
+	if start != nil {
+		d = start()
+	}
+	body := b.payload()
+	total := int(float64(*neighbourRate) * neighbourDuration.Seconds())
+	latencies := make([][]time.Duration, *neighbourConns)
+	watch, begin := startWatch(b.pool), time.Now()
+	var wg sync.WaitGroup
+	for c := range *neighbourConns {
+		wg.Go(func() {
+			for i := c; i < total; i += *neighbourConns {
+				time.Sleep(time.Until(begin.Add(time.Duration(i) * time.Second / time.Duration(*neighbourRate))))
+				sent := time.Now()
+				if _, err := app.Exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload) VALUES ('app.event', $1)", body); err != nil {
+					log.Fatal(err)
+				}
+				latencies[c] = append(latencies[c], time.Since(sent))
+			}
+		})
+	}
+	wg.Wait()
+	r, drained := watch.stop(0), d.published()
+	d.stop()
+	b.purge()
+	run := neighbourRun{commits: slices.Concat(latencies...), drained: drained, wall: r.cpu.wall, wal: r.wal,
+		ranEmpty: start != nil && drained >= *neighbourBacklog}
+	slices.Sort(run.commits)
+	return run
+}
