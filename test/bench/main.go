@@ -44,6 +44,9 @@ var (
 	cpuProfile    = flag.String("cpuprofile", "", "write a CPU profile of the first 1-process drainer run to this file")
 )
 
+// benchLock is the advisory lock a benchmark run holds.
+const benchLock = 0x5b111_be7c
+
 type bench struct {
 	pool *pgxpool.Pool
 	conn *amqp.Connection
@@ -73,6 +76,23 @@ func main() {
 		log.Fatal(err)
 	}
 	defer b.topo.Delete(b.ch)
+	// One run at a time: another's tables are not leftovers, and its load
+	// would be in this run's figures.
+	lock, err := b.pool.Acquire(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer lock.Release()
+	var alone bool
+	if err := lock.QueryRow(ctx, "SELECT pg_try_advisory_lock($1)", benchLock).Scan(&alone); err != nil {
+		log.Fatal(err)
+	}
+	if !alone {
+		log.Printf("waiting for another benchmark run to end")
+		if _, err := lock.Exec(ctx, "SELECT pg_advisory_lock($1)", benchLock); err != nil {
+			log.Fatal(err)
+		}
+	}
 	b.dropLeftovers(ctx)
 
 	fmt.Printf("Spillway benchmark: %d events of %d bytes, persistent, to a durable bound queue; batch %d, pipeline depth %d\n\n",
