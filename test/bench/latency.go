@@ -34,7 +34,8 @@ type latencyRun struct {
 // moment its insert's commit returned to the producer to its published_at:
 // the start of the settle that follows the broker's confirm, on the same
 // host's clock. It bounds commit-to-confirm from above.
-func (b *bench) commitLatency(ctx context.Context, notify bool) latencyRun {
+// coalesce is the drainer's --wake-coalesce.
+func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Duration) latencyRun {
 	spec := b.outbox(ctx)
 	defer b.exec(ctx, "DROP TABLE "+spec.Name)
 	if notify {
@@ -45,7 +46,7 @@ func (b *bench) commitLatency(ctx context.Context, notify bool) latencyRun {
 	// Both runs start from a checkpoint, so neither inherits one owed to
 	// the WAL that earlier runs wrote.
 	b.exec(ctx, "CHECKPOINT")
-	f := b.newFleet(ctx, spec, 1, nil)
+	f := b.newFleet(ctx, spec, 1, func(c *drainer.Config) { c.WakeCoalesce = coalesce })
 	stop := f.run(ctx)
 	defer stop()
 	time.Sleep(500 * time.Millisecond) // the drainer is up and idle
