@@ -15,6 +15,7 @@ import (
 var (
 	latencyRate     = flag.Int("latency-rate", 1000, "events per second inserted in the latency runs, one per transaction")
 	latencyDuration = flag.Duration("latency-duration", 10*time.Second, "length of each latency run")
+	wakeCoalesce    = flag.Duration("wake-coalesce", drainer.DefaultConfig().WakeCoalesce, "the drainer's --wake-coalesce in the notified latency run")
 )
 
 // latencyRun is one commit-to-publish latency measurement.

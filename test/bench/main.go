@@ -261,7 +261,7 @@ func (b *bench) claims(ctx context.Context) []string {
 // latency measures commit to publish at a steady application rate, with
 // notifications (coalesced, as by default, and not) and with polling only.
 func (b *bench) latency(ctx context.Context) []string {
-	coalesce := drainer.DefaultConfig().WakeCoalesce
+	coalesce := *wakeCoalesce
 	log.Printf("commit-to-publish latency at %d events/s: notified, coalescing %s and not, and polling only", *latencyRate, coalesce)
 	notified, eager, polled := b.commitLatency(ctx, true, coalesce), b.commitLatency(ctx, true, 0), b.commitLatency(ctx, false, coalesce)
 	fmt.Println()
