@@ -235,11 +235,14 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 func collectOrderedClaim(rows pgx.Rows) (Claim, error) {
 	var c Claim
 	var id *string
+	var table *uint32
+	var token, enqueued *time.Time
+	var size *int64
 	var row Row
-	scan := []any{&id, &row.At.Table, &row.At.TID, &c.Token, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &row.Key, &c.Due, &c.Scanned}
+	scan := []any{&id, &table, &row.At.TID, &token, &row.Payload, &size, &row.RoutingKey, &row.Headers, &enqueued, &row.Key, &c.Due, &c.Scanned}
 	_, err := pgx.ForEachRow(rows, scan, func() error {
 		if id != nil {
-			row.ID = *id
+			row.ID, row.At.Table, row.Size, row.EnqueuedAt, c.Token = *id, *table, *size, *enqueued, *token
 			c.Rows = append(c.Rows, row)
 		}
 		row = Row{}

@@ -232,8 +232,17 @@ FROM unnest($1::%[4]s[]) AS s(okey), LATERAL (
 WHERE w.tableoid = nx.toid AND w.ctid = nx.tid AND w.%[2]s = %[9]s`,
 			t.ident, q(c.AvailableAt), t.wokenDue("w"), t.order.keyType, q(t.order.key), q(c.PublishedAt),
 			t.blocks("n", "$2"), t.orderBy("n"), waitingDue),
-		Args: []any{keys, maxAttempts},
+		Args: t.withMaxAttempts([]any{keys}, maxAttempts),
 	}
+}
+
+// withMaxAttempts appends the fleet's maxAttempts to args where blocks
+// refers to it: under skip.
+func (t *Table) withMaxAttempts(args []any, maxAttempts int) []any {
+	if t.order.skip {
+		return append(args, maxAttempts)
+	}
+	return args
 }
 
 // WakeStranded renders one bounded batch of the sweep: waiting rows that
@@ -249,13 +258,13 @@ func (t *Table) WakeStranded(maxAttempts, limit int) Statement {
 		WHERE %[5]s IS NULL AND %[6]s = %[7]s
 	) w
 	WHERE %[8]s
-	LIMIT $2
+	LIMIT $1
 	FOR UPDATE SKIP LOCKED
 )
 UPDATE %[1]s AS o SET %[6]s = %[9]s WHERE %[10]s`,
 			t.ident, q(t.order.key), t.enqueuedOrNull(), q(c.ID), q(c.PublishedAt), q(c.AvailableAt), waitingDue,
-			t.isHead("w", "$1"), t.wokenDue("o"), locatedIn("stranded")),
-		Args: []any{maxAttempts, limit},
+			t.isHead("w", "$2"), t.wokenDue("o"), locatedIn("stranded")),
+		Args: t.withMaxAttempts([]any{limit}, maxAttempts),
 	}
 }
 
