@@ -208,6 +208,43 @@ var _ = Describe("Per-key ordering", Label("integration"), func() {
 	})
 })
 
+var _ = Describe("The ordered claim's cost", Label("integration"), func() {
+	// buffersOf seeds a fresh ordered table with keys × perKey due rows and
+	// returns the shared buffers of an ordered claim of batch rows, and of
+	// the unordered claim of the same rows on the same table.
+	buffersOf := func(ctx context.Context, keys, perKey, batch int) (ordered, unordered int) {
+		spec := orderedOutbox(ctx, "")
+		seedKeys(ctx, spec.Name, keys, perKey)
+		exec(ctx, "VACUUM ANALYZE "+spec.Name)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		ordered = claimBuffers(ctx, store, claimParams("drainer-a", batch))
+		plain := spec
+		plain.Ordering = Ordering{}
+		store, err = OpenStore(ctx, pool, plain)
+		Expect(err).NotTo(HaveOccurred())
+		return ordered, claimBuffers(ctx, store, claimParams("drainer-a", batch))
+	}
+
+	It("stays O(batch) with 100,000 distinct keys and with one hot key of 100,000 rows (EXPLAIN ANALYZE, BUFFERS)", func(ctx SpecContext) {
+		const batch = 100
+		fewKeys, fewKeysPlain := buffersOf(ctx, 1_000, 1, batch)
+		manyKeys, manyKeysPlain := buffersOf(ctx, 100_000, 1, batch)
+		smallHot, smallHotPlain := buffersOf(ctx, 1, 1_000, batch)
+		hot, hotPlain := buffersOf(ctx, 1, 100_000, batch)
+		GinkgoWriter.Printf("ordered claim of %d rows, shared buffers (unordered claim of the same table in brackets):\n", batch)
+		GinkgoWriter.Printf("  1,000 keys × 1 row: %d (%d); 100,000 keys × 1 row: %d (%d)\n", fewKeys, fewKeysPlain, manyKeys, manyKeysPlain)
+		GinkgoWriter.Printf("  1 key × 1,000 rows: %d (%d); 1 key × 100,000 rows: %d (%d)\n", smallHot, smallHotPlain, hot, hotPlain)
+		AddReportEntry("ordered claim buffers", fmt.Sprintf("100k keys %d (unordered %d), hot key of 100k rows %d (unordered %d), batch %d",
+			manyKeys, manyKeysPlain, hot, hotPlain, batch))
+		for _, b := range []int{manyKeys, hot} {
+			Expect(b).To(BeNumerically("<=", 25*batch), "bounded by the batch, not the table")
+		}
+		Expect(manyKeys).To(BeNumerically("<=", fewKeys*3/2+10), "100 times the keys cost the claim no more")
+		Expect(hot).To(BeNumerically("<=", smallHot*3/2+10), "100 times the rows of the hot key cost the claim no more")
+	})
+})
+
 // readBlockedKeys reads the table's blocked keys as the operator does.
 func readBlockedKeys(ctx context.Context, store *Store) BlockedKeys {
 	b, err := ReadBlockedKeys(ctx, pool, store.Table(), 0)

@@ -88,6 +88,11 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 			}
 		}
 	}
+	if done.Woken > 0 {
+		// Rows of the settled keys are due now: the claim loop need not
+		// wait for its poll.
+		d.poke()
+	}
 	d.metrics.Published.Add(float64(done.Published))
 	if done.Published > 0 {
 		d.metrics.LastPublish.SetToCurrentTime()

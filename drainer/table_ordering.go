@@ -108,12 +108,12 @@ func (t *Table) orderOf(alias string) string {
 	if t.cols.EnqueuedAt == "" {
 		return alias + "." + q(t.cols.ID)
 	}
-	return "(" + alias + "." + q(t.cols.EnqueuedAt) + ", " + alias + "." + q(t.cols.ID) + ")"
+	return "ROW(" + alias + "." + q(t.cols.EnqueuedAt) + ", " + alias + "." + q(t.cols.ID) + ")"
 }
 
 // orderBy is orderOf as an ORDER BY list.
 func (t *Table) orderBy(alias string) string {
-	return strings.Trim(t.orderOf(alias), "()")
+	return strings.TrimSuffix(strings.TrimPrefix(t.orderOf(alias), "ROW("), ")")
 }
 
 // blocks is the condition under which an unpublished row, aliased alias,
@@ -136,17 +136,18 @@ func (t *Table) blocks(alias, maxAttempts string) string {
 }
 
 // isHead is the condition that the row aliased alias, whose key is
-// alias.okey, is its key's head and its key is not in flight: no earlier
-// unpublished row of the key blocks it (a probe of the order index), and no
-// row of the key is under a live lease (a probe of the key lease index,
-// which holds only claimed rows: a late commit with an earlier enqueued_at
-// than a row in flight must wait for it).
+// alias.okey, is its key's head and its key is not in flight: the first
+// unpublished row of its key that blocks the others is not earlier than it
+// (one probe of the order index, in its order, however many rows the key
+// holds), and no row of the key is under a live lease (a probe of the key
+// lease index, which holds only claimed rows: a late commit with an earlier
+// enqueued_at than a row in flight must wait for it).
 func (t *Table) isHead(alias, maxAttempts string) string {
 	c := t.cols
-	return fmt.Sprintf(`NOT EXISTS (SELECT 1 FROM %[1]s e WHERE e.%[2]s = %[3]s.okey AND e.%[4]s IS NULL AND %[5]s < %[6]s%[7]s)
+	return fmt.Sprintf(`NOT coalesce((SELECT %[5]s FROM %[1]s e WHERE e.%[2]s = %[3]s.okey AND e.%[4]s IS NULL%[7]s ORDER BY %[10]s LIMIT 1) < %[6]s, false)
 		AND NOT EXISTS (SELECT 1 FROM %[1]s f WHERE f.%[2]s = %[3]s.okey AND f.%[4]s IS NULL AND f.%[8]s IS NOT NULL AND f.%[9]s > now())`,
 		t.ident, q(t.order.key), alias, q(c.PublishedAt), t.orderOf("e"), t.orderKeyOf(alias), t.blocks("e", maxAttempts),
-		q(c.ClaimedBy), q(c.AvailableAt))
+		q(c.ClaimedBy), q(c.AvailableAt), t.orderBy("e"))
 }
 
 // orderKeyOf is the order of a row read into a CTE as okey, oenq and row_id.
@@ -188,7 +189,7 @@ func (t *Table) claimInOrder(p ClaimParams) Statement {
 ),
 due AS MATERIALIZED (
 	SELECT s.toid, s.tid, s.due_at, s.size, s.live AND h.head AS live, s.live AND NOT h.head AS waits
-	FROM scan s, LATERAL (SELECT s.okey IS NULL OR (%[17]s) AS head) h
+	FROM scan s, LATERAL (SELECT s.okey IS NULL OR (%[17]s) AS head OFFSET 0) h
 ),
 `+claimBudget+`
 poisoned AS (
