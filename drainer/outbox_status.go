@@ -34,6 +34,9 @@ type OutboxStatus struct {
 	// Capped is true when the read stopped at its limit of pending rows:
 	// the counts and the age are then lower bounds.
 	Capped bool
+	// Blocked are the keys a failed row holds back, on a table ordered per
+	// key whose failures block; nil otherwise.
+	Blocked *BlockedKeys
 }
 
 // PoisonCause is one last error shared by poisoned rows.
