@@ -243,6 +243,25 @@ var _ = Describe("The ordered claim's cost", Label("integration"), func() {
 		Expect(manyKeys).To(BeNumerically("<=", fewKeys*3/2+10), "100 times the keys cost the claim no more")
 		Expect(hot).To(BeNumerically("<=", smallHot*3/2+10), "100 times the rows of the hot key cost the claim no more")
 	})
+
+	It("stays O(batch) beside 100,000 rows waiting behind 2,000 heads in flight", func(ctx SpecContext) {
+		spec := orderedOutbox(ctx, "")
+		seedKeys(ctx, spec.Name, 2_000, 51)
+		// As a fleet leaves it: each key's head in flight, the rest waiting.
+		exec(ctx, `UPDATE `+spec.Name+` SET claimed_by = 'drainer-b', claimed_at = now(), available_at = now() + interval '30 seconds'
+			WHERE (payload->>'seq')::int = 1`)
+		exec(ctx, "UPDATE "+spec.Name+" SET available_at = "+waitingDue+" WHERE (payload->>'seq')::int > 1")
+		seedFresh := `INSERT INTO ` + spec.Name + ` (event_type, payload, aggregate_id)
+			SELECT 'order.created', jsonb_build_object('seq', 1), 'fresh-' || g FROM generate_series(1, 100) g`
+		exec(ctx, seedFresh)
+		exec(ctx, "VACUUM ANALYZE "+spec.Name)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		buffers := claimBuffers(ctx, store, claimParams("drainer-a", 100))
+		GinkgoWriter.Printf("ordered claim of 100 fresh heads beside 100,000 waiting rows and 2,000 in flight: %d buffers\n", buffers)
+		AddReportEntry("ordered claim buffers beside waiting rows", buffers)
+		Expect(buffers).To(BeNumerically("<=", 25*100), "the lease probe reads the key lease index, not the waiting rows")
+	})
 })
 
 // readBlockedKeys reads the table's blocked keys as the operator does.

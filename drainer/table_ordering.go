@@ -141,11 +141,13 @@ func (t *Table) blocks(alias, maxAttempts string) string {
 // (one probe of the order index, in its order, however many rows the key
 // holds), and no row of the key is under a live lease (a probe of the key
 // lease index, which holds only claimed rows: a late commit with an earlier
-// enqueued_at than a row in flight must wait for it).
+// enqueued_at than a row in flight must wait for it). The lease's end is
+// compared so that no index on the due time can serve it: on a range of
+// the claim index from now(), a planner would read every waiting row.
 func (t *Table) isHead(alias, maxAttempts string) string {
 	c := t.cols
 	return fmt.Sprintf(`NOT coalesce((SELECT %[5]s FROM %[1]s e WHERE e.%[2]s = %[3]s.okey AND e.%[4]s IS NULL%[7]s ORDER BY %[10]s LIMIT 1) < %[6]s, false)
-		AND NOT EXISTS (SELECT 1 FROM %[1]s f WHERE f.%[2]s = %[3]s.okey AND f.%[4]s IS NULL AND f.%[8]s IS NOT NULL AND f.%[9]s > now())`,
+		AND NOT EXISTS (SELECT 1 FROM %[1]s f WHERE f.%[2]s = %[3]s.okey AND f.%[4]s IS NULL AND f.%[8]s IS NOT NULL AND f.%[9]s - now() > interval '0')`,
 		t.ident, q(t.order.key), alias, q(c.PublishedAt), t.orderOf("e"), t.orderKeyOf(alias), t.blocks("e", maxAttempts),
 		q(c.ClaimedBy), q(c.AvailableAt), t.orderBy("e"))
 }

@@ -32,9 +32,12 @@ func (b *bench) ordering(ctx context.Context) []string {
 	pad := strings.Repeat("x", max(*payloadBytes-45, 0))
 	drain := func(s *scenario, spec drainer.TableSpec, drainers int) {
 		b.exec(ctx, "TRUNCATE "+spec.Name)
-		b.exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, aggregate_id)
-			SELECT 'bench.event', jsonb_build_object('n', g, 'key', k, 'pad', $2::text), k
-			FROM (SELECT g, 'k' || floor(random() * $3)::int AS k FROM generate_series(1, $1::int) g) s`, *events, pad, orderingKeys)
+		// Each event enqueued a microsecond after the one before, as
+		// commits of their own would be, and due when enqueued.
+		b.exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, aggregate_id, enqueued_at, available_at)
+			SELECT 'bench.event', jsonb_build_object('n', g, 'key', k, 'pad', $2::text), k, at, at
+			FROM (SELECT g, 'k' || floor(random() * $3)::int AS k, now() - interval '1 hour' + g * interval '1 microsecond' AS at
+				FROM generate_series(1, $1::int) g) s`, *events, pad, orderingKeys)
 		b.exec(ctx, "VACUUM ANALYZE "+spec.Name)
 		s.add(b.drain(ctx, spec, drainers, nil))
 	}
