@@ -338,11 +338,22 @@ func (s *Store) LeaseHolders(ctx context.Context, drainerID string, lease time.D
 // back short, and returns how many rows it deleted. Each batch is its own
 // short transaction, so no lock is held for long.
 func (s *Store) Prune(ctx context.Context, stmt Statement, limit int) (int64, error) {
+	total, err := s.execBatches(ctx, stmt, limit)
+	if err != nil {
+		return total, fmt.Errorf("prune %s: %w", s.table.Name(), err)
+	}
+	return total, nil
+}
+
+// execBatches runs a statement that changes at most limit rows, each run its
+// own short transaction, until a run comes back short, and returns how many
+// rows the runs changed.
+func (s *Store) execBatches(ctx context.Context, stmt Statement, limit int) (int64, error) {
 	var total int64
 	for {
 		tag, err := s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
 		if err != nil {
-			return total, fmt.Errorf("prune %s: %w", s.table.Name(), err)
+			return total, err
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(limit) {
@@ -354,18 +365,11 @@ func (s *Store) Prune(ctx context.Context, stmt Statement, limit int) (int64, er
 // WakeStranded makes due, in batches of limit, the waiting rows of an
 // ordered table that nothing holds back any more, and returns how many.
 func (s *Store) WakeStranded(ctx context.Context, maxAttempts, limit int) (int64, error) {
-	stmt := s.table.WakeStranded(maxAttempts, limit)
-	var total int64
-	for {
-		tag, err := s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
-		if err != nil {
-			return total, fmt.Errorf("wake stranded rows of %s: %w", s.table.Name(), err)
-		}
-		total += tag.RowsAffected()
-		if tag.RowsAffected() < int64(limit) {
-			return total, nil
-		}
+	total, err := s.execBatches(ctx, s.table.WakeStranded(maxAttempts, limit), limit)
+	if err != nil {
+		return total, fmt.Errorf("wake stranded rows of %s: %w", s.table.Name(), err)
 	}
+	return total, nil
 }
 
 // Listen holds a connection of its own in LISTEN on the table's notify
