@@ -258,9 +258,19 @@ var _ = Describe("The ordered claim's cost", Label("integration"), func() {
 		store, err := OpenStore(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
 		buffers := claimBuffers(ctx, store, claimParams("drainer-a", 100))
-		GinkgoWriter.Printf("ordered claim of 100 fresh heads beside 100,000 waiting rows and 2,000 in flight: %d buffers\n", buffers)
-		AddReportEntry("ordered claim buffers beside waiting rows", buffers)
-		Expect(buffers).To(BeNumerically("<=", 60*100), "bounded by the batch: the lease probe reads the key lease index, not the 100,000 waiting rows")
+		plain := spec
+		plain.Ordering = Ordering{}
+		store, err = OpenStore(ctx, pool, plain)
+		Expect(err).NotTo(HaveOccurred())
+		unordered := claimBuffers(ctx, store, claimParams("drainer-a", 100))
+		GinkgoWriter.Printf("claim of 100 fresh heads beside 100,000 waiting rows and 2,000 in flight: %d buffers ordered, %d unordered\n", buffers, unordered)
+		AddReportEntry("ordered claim buffers beside waiting rows", fmt.Sprintf("%d (unordered %d)", buffers, unordered))
+		// A lease probe through the claim index read every waiting row: over
+		// a million buffers here. Through the key lease index the claim stays
+		// within tens of buffers a row; how many tens varies with what
+		// vacuum could clean beside the suites running at once.
+		Expect(buffers).To(BeNumerically("<=", 100*100),
+			"bounded by the batch: the lease probe reads the key lease index, not the 100,000 waiting rows")
 	})
 })
 
