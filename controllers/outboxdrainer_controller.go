@@ -111,6 +111,7 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		UID:         od.UID,
 		Generation:  od.Generation,
 		Database:    od.Spec.Database,
+		Ordering:    od.Spec.Ordering,
 		Broker:      od.Spec.Broker.URLSecretRef,
 		MaxAttempts: int(od.Spec.MaxAttempts),
 		Interval:    od.Spec.StatusInterval.Duration,
@@ -233,9 +234,10 @@ func recordOutbox(s *v1alpha1.OutboxDrainerStatus, read *probe.Result) {
 	o := read.Outbox
 	if o == nil {
 		s.Backlog, s.Poisoned, s.OldestPendingAge, s.CountCapped = nil, nil, nil, false
-		s.PoisonedBy, s.Parked = nil, nil
+		s.PoisonedBy, s.Parked, s.BlockedKeys = nil, nil, nil
 		return
 	}
+	s.BlockedKeys = status.BlockedKeys(o)
 	s.Backlog, s.Poisoned, s.CountCapped = ptr.To(o.Backlog), ptr.To(o.Poisoned), o.Capped
 	s.PoisonedBy, s.Parked = status.PoisonedBy(o), nil
 	if o.ParkedKnown {

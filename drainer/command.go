@@ -69,6 +69,8 @@ func registerTableFlags(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.Table.RoutingKey.Column, "routing-key-column", "", "take the routing key from this column (default event_type)")
 	fs.StringVar(&c.Table.RoutingKey.PayloadField, "routing-key-field", "", "take the routing key from this top-level field of a JSON payload")
 	fs.StringVar(&c.Table.RoutingKey.Constant, "routing-key", "", "publish every row with this routing key")
+	fs.StringVar(&c.Table.Ordering.KeyColumn, "ordering-key-column", "",
+		"publish the rows of each value of this column (an aggregate's id) one at a time, in enqueue order (unset: no per-key order)")
 }
 
 // RegisterFlags binds every drain flag to c, whose values are the defaults.
@@ -105,6 +107,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.Var(windowFlag{&c.Retention.UnpublishedMaxAge}, "retention-unpublished-max-age",
 		"delete rows never published this long after enqueued_at, poisoned ones included (unset: keep)")
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "pause between retention runs")
+	fs.StringVar(&c.Table.Ordering.OnFailure, "ordering-on-failure", "",
+		"with --ordering-key-column, what a failed row does to its key: block (the later rows wait for it; the default) or skip (it is poisoned at once, and they go on)")
 	fs.Float64Var(&c.MaxRate, "max-rate", c.MaxRate,
 		"events per second that all the drainers of the table publish together, at most, each taking an equal share (0: no cap)")
 }

@@ -144,8 +144,14 @@ func (c Config) ClaimParams() ClaimParams {
 }
 
 // failurePolicy is what a failed attempt costs a row under this config.
+// When ordering skips failures, the first failure poisons the row: a retry
+// after the later rows of its key went on would publish it out of order.
 func (c Config) failurePolicy() FailurePolicy {
-	return FailurePolicy{InitialMillis: c.RetryInitial.Milliseconds(), MaxMillis: c.RetryMax.Milliseconds(), MaxAttempts: c.MaxAttempts}
+	f := FailurePolicy{InitialMillis: c.RetryInitial.Milliseconds(), MaxMillis: c.RetryMax.Milliseconds(), MaxAttempts: c.MaxAttempts}
+	if c.Table.Ordering.Skips() {
+		f.MaxAttempts = 1
+	}
+	return f
 }
 
 // Validate checks every rule; each error names the field, the value and the rule.

@@ -167,6 +167,9 @@ func (d *Drainer) Run(ctx context.Context) error {
 	if d.cfg.Retention.enabled() {
 		background.Go(func() { d.pruneLoop(bgCtx) })
 	}
+	if d.store.Table().Ordered() {
+		background.Go(func() { d.sweepLoop(bgCtx) })
+	}
 	settleCtx, stopSettling := context.WithCancel(context.WithoutCancel(ctx))
 	defer stopSettling()
 	settle := make(chan *batch, maxSettleGroup)
@@ -274,6 +277,32 @@ func (d *Drainer) pruneLoop(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
+		}
+	}
+}
+
+// strandedSweepInterval is how often an ordered drainer looks for rows
+// waiting behind a head that went without waking them (parked, deleted): at
+// worst, that long after a park the key's next row goes.
+const strandedSweepInterval = 15 * time.Second
+
+// sweepLoop wakes stranded waiting rows every strandedSweepInterval.
+func (d *Drainer) sweepLoop(ctx context.Context) {
+	tick := time.NewTicker(strandedSweepInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		n, err := d.store.WakeStranded(ctx, d.cfg.MaxAttempts, 1000)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			d.log.Error("Waking rows whose key's head is gone failed; retrying at the next sweep", "error", err)
+		case n > 0:
+			d.log.Info("Woke rows whose key's head went without a settle (parked or deleted)", "rows", n)
+			d.poke()
 		}
 	}
 }

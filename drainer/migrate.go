@@ -12,7 +12,8 @@ import (
 // Migrate makes the spec's table drainable: it creates the canonical table
 // when there is none, or adds the columns an existing table lacks (the lease
 // columns, attempts and available_at), then the claim index and the
-// published index, on the table and, for a partitioned or inherited table,
+// published index (and with an ordering key, the order and key lease
+// indexes), on the table and, for a partitioned or inherited table,
 // on every partition or child. It never renames or drops a column, and a
 // second run changes nothing. It returns what it did.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) ([]string, error) {
@@ -48,7 +49,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) ([]string,
 	if err != nil {
 		return nil, err
 	}
-	for _, def := range []IndexDef{table.ClaimIndex(), table.PublishedIndex()} {
+	for _, def := range table.Indexes() {
 		created, err := ensureIndex(ctx, pool, def, rel, nil)
 		if err != nil {
 			return nil, err

@@ -34,6 +34,9 @@ type OutboxStatus struct {
 	// Capped is true when the read stopped at its limit of pending rows:
 	// the counts and the age are then lower bounds.
 	Capped bool
+	// Blocked are the keys a failed row holds back, on a table ordered per
+	// key whose failures block; nil otherwise.
+	Blocked *BlockedKeys
 }
 
 // PoisonCause is one last error shared by poisoned rows.
@@ -200,4 +203,38 @@ func topPoisonCauses(causes []string, counts []int64, oldest []*time.Time, secre
 	}
 	slices.SortStableFunc(out, func(a, b PoisonCause) int { return cmp.Compare(b.Count, a.Count) })
 	return out[:min(len(out), topCauses)]
+}
+
+// BlockedKeys are the ordering keys whose later rows a failed row holds
+// back, under block.
+type BlockedKeys struct {
+	Count int64
+	// OldestKey is the key of the oldest failed row, by enqueue order, and
+	// OldestEnqueuedAt that row's enqueued_at (nil on a table without
+	// enqueuedAt): the key has had undelivered events since then.
+	OldestKey        string
+	OldestEnqueuedAt *time.Time
+}
+
+// ReadBlockedKeys counts the blocked keys of an ordered table, reading at
+// most limit pending rows (0: all). Under skip no key is ever blocked by a
+// failure, and nothing is read.
+func ReadBlockedKeys(ctx context.Context, db Querier, t *Table, limit int) (BlockedKeys, error) {
+	var b BlockedKeys
+	if !t.Ordered() || t.order.skip {
+		return b, nil
+	}
+	stmt := t.BlockedKeys(limit)
+	var oldest *string
+	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
+	if err == nil {
+		_, err = pgx.ForEachRow(rows, []any{&b.Count, &oldest, &b.OldestEnqueuedAt}, func() error { return nil })
+	}
+	if err != nil {
+		return BlockedKeys{}, fmt.Errorf("read blocked keys of %s: %w", t.Name(), err)
+	}
+	if oldest != nil {
+		b.OldestKey = *oldest
+	}
+	return b, nil
 }

@@ -36,12 +36,15 @@ func (d *Drainer) settleLoop(ctx context.Context, settle <-chan *batch) {
 	}
 }
 
-// settlementOf groups the rows of batches by outcome.
-func settlementOf(group []*batch) Settlement {
+// settlementOf groups the rows of batches by outcome. On an ordered table,
+// a published row lets its key's next row go, and so does a failed one when
+// failures skip (it is poisoned at once); a released row stays its key's
+// head, and so does a failed one when failures block.
+func settlementOf(group []*batch, skip bool) Settlement {
 	var st Settlement
 	for _, b := range group {
 		for i, o := range b.outcomes {
-			lease := b.claim.lease(i)
+			lease, key := b.claim.lease(i), b.claim.Rows[i].Key
 			switch o.kind {
 			case published:
 				st.Published = append(st.Published, lease)
@@ -51,6 +54,9 @@ func settlementOf(group []*batch) Settlement {
 			case released:
 				st.Released = append(st.Released, lease)
 			}
+			if key != nil && (o.kind == published || (o.kind == failed && skip)) {
+				st.Advanced = append(st.Advanced, *key)
+			}
 		}
 	}
 	return st
@@ -59,7 +65,7 @@ func settlementOf(group []*batch) Settlement {
 // settle is phase 3, retried until the lease would have expired anyway: past
 // that, the rows are another claim's to publish again.
 func (d *Drainer) settle(ctx context.Context, group []*batch) {
-	st := settlementOf(group)
+	st := settlementOf(group, d.cfg.Table.Ordering.Skips())
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseTTL)
 	defer cancel()
 	tries := 0
@@ -81,6 +87,11 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 				d.metrics.Released.WithLabelValues(o.reason).Inc()
 			}
 		}
+	}
+	if done.Woken > 0 {
+		// Rows of the settled keys are due now: the claim loop need not
+		// wait for its poll.
+		d.poke()
 	}
 	d.metrics.Published.Add(float64(done.Published))
 	if done.Published > 0 {

@@ -22,6 +22,8 @@ type Row struct {
 	RoutingKey *string
 	Headers    []byte
 	EnqueuedAt time.Time
+	// Key is the row's ordering key, on an ordered table; nil otherwise.
+	Key *string
 }
 
 // Claim is what one claim took: its rows, in due order, and its token.
@@ -34,12 +36,16 @@ type Claim struct {
 	// up to the batch size; more than len(Rows) means the byte budget cut
 	// the claim short, and more rows are waiting.
 	Due int
+	// Scanned is the due rows an ordered claim read, claimed or sent to
+	// wait behind their key's head; 0 on an unordered table.
+	Scanned int
 }
 
 // Full reports whether the claim took all it could, so that more rows are
-// likely due: a full batch, or a claim its byte budget cut short.
+// likely due: a full batch, a claim its byte budget cut short, or an ordered
+// claim that read a full batch of due rows, however few were heads.
 func (c Claim) Full(batchSize int) bool {
-	return len(c.Rows) >= batchSize || (len(c.Rows) > 0 && len(c.Rows) < c.Due)
+	return len(c.Rows) >= batchSize || (len(c.Rows) > 0 && len(c.Rows) < c.Due) || c.Scanned >= batchSize
 }
 
 // lease is how a settle refers to row i of the claim.
@@ -177,7 +183,7 @@ func checkDrainable(ctx context.Context, db Querier, spec TableSpec, t *Table) e
 	if err != nil {
 		return err
 	}
-	for _, def := range []IndexDef{t.ClaimIndex(), t.PublishedIndex()} {
+	for _, def := range t.Indexes() {
 		shape, found, err := lookUpIndex(ctx, db, def, rel)
 		if err != nil {
 			return err
@@ -210,6 +216,9 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 		return Claim{}, fmt.Errorf("claim batch: %w", err)
 	}
 	var c Claim
+	if s.table.Ordered() {
+		return collectOrderedClaim(rows)
+	}
 	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
 		var row Row
 		return row, r.Scan(&row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &c.Due)
@@ -221,18 +230,46 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	return c, nil
 }
 
+// collectOrderedClaim reads an ordered claim's rows: a row with a NULL id
+// only carries the counts of a claim that took no row.
+func collectOrderedClaim(rows pgx.Rows) (Claim, error) {
+	var c Claim
+	var id *string
+	var table *uint32
+	var token, enqueued *time.Time
+	var size *int64
+	var row Row
+	scan := []any{&id, &table, &row.At.TID, &token, &row.Payload, &size, &row.RoutingKey, &row.Headers, &enqueued, &row.Key, &c.Due, &c.Scanned}
+	_, err := pgx.ForEachRow(rows, scan, func() error {
+		if id != nil {
+			row.ID, row.At.Table, row.Size, row.EnqueuedAt, c.Token = *id, *table, *size, *enqueued, *token
+			c.Rows = append(c.Rows, row)
+		}
+		row = Row{}
+		return nil
+	})
+	if err != nil {
+		return Claim{}, fmt.Errorf("claim batch: %w", err)
+	}
+	return c, nil
+}
+
 // Settlement is phase 3's input: what became of each claimed row.
 type Settlement struct {
 	Published []Lease
 	Failed    []Lease
 	Reasons   []string // one per Failed lease
 	Released  []Lease
+	// Advanced are the ordering keys whose head this settle publishes (or,
+	// under skip, poisons): each key's next row may go.
+	Advanced []string
 }
 
 // Settled counts the rows each statement changed. Fewer than asked means the
-// lease was taken over by another claim in the meantime.
+// lease was taken over by another claim in the meantime. Woken is the rows
+// made due because their key's head was settled.
 type Settled struct {
-	Published, Failed, Released int64
+	Published, Failed, Released, Woken int64
 }
 
 // Settle runs phase 3 as one round trip: at most one statement per outcome,
@@ -249,6 +286,10 @@ func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, f F
 	}
 	if len(st.Released) > 0 {
 		stmts, counts = append(stmts, s.table.Release(drainerID, st.Released)), append(counts, &done.Released)
+	}
+	if len(st.Advanced) > 0 && s.table.Ordered() {
+		// After the marks, in the same transaction: it sees the heads settled.
+		stmts, counts = append(stmts, s.table.WakeSuccessors(st.Advanced, f.MaxAttempts)), append(counts, &done.Woken)
 	}
 	if len(stmts) == 0 {
 		return done, nil
@@ -297,17 +338,38 @@ func (s *Store) LeaseHolders(ctx context.Context, drainerID string, lease time.D
 // back short, and returns how many rows it deleted. Each batch is its own
 // short transaction, so no lock is held for long.
 func (s *Store) Prune(ctx context.Context, stmt Statement, limit int) (int64, error) {
+	total, err := s.execBatches(ctx, stmt, limit)
+	if err != nil {
+		return total, fmt.Errorf("prune %s: %w", s.table.Name(), err)
+	}
+	return total, nil
+}
+
+// execBatches runs a statement that changes at most limit rows, each run its
+// own short transaction, until a run comes back short, and returns how many
+// rows the runs changed.
+func (s *Store) execBatches(ctx context.Context, stmt Statement, limit int) (int64, error) {
 	var total int64
 	for {
 		tag, err := s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
 		if err != nil {
-			return total, fmt.Errorf("prune %s: %w", s.table.Name(), err)
+			return total, err
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(limit) {
 			return total, nil
 		}
 	}
+}
+
+// WakeStranded makes due, in batches of limit, the waiting rows of an
+// ordered table that nothing holds back any more, and returns how many.
+func (s *Store) WakeStranded(ctx context.Context, maxAttempts, limit int) (int64, error) {
+	total, err := s.execBatches(ctx, s.table.WakeStranded(maxAttempts, limit), limit)
+	if err != nil {
+		return total, fmt.Errorf("wake stranded rows of %s: %w", s.table.Name(), err)
+	}
+	return total, nil
 }
 
 // Listen holds a connection of its own in LISTEN on the table's notify

@@ -49,6 +49,9 @@ type TableSpec struct {
 	Name       string
 	Columns    Columns
 	RoutingKey RoutingKey
+	// Ordering, when its key column is set, publishes the rows of one key
+	// one at a time, in enqueue order.
+	Ordering Ordering
 }
 
 // logicalColumn describes one column of the table contract.
@@ -156,7 +159,7 @@ func (s TableSpec) Validate(path *field.Path) field.ErrorList {
 	if rk.Column != "" && !identifierPattern.MatchString(rk.Column) {
 		errs = append(errs, field.Invalid(path.Child("routingKey", "column"), rk.Column, identifierRule))
 	}
-	return errs
+	return append(errs, s.Ordering.validate(path.Child("ordering"))...)
 }
 
 func (s TableSpec) routingKeyColumn() string {
@@ -190,6 +193,8 @@ type Table struct {
 	// dueNotNull says the available_at column refuses NULL: a row with a
 	// NULL due time would never be claimed.
 	dueNotNull bool
+	// order is nil unless rows are published in order per key.
+	order *keyOrder
 }
 
 // idTypes are the id column types the drainer can round-trip through text.
@@ -261,6 +266,9 @@ func ResolveTable(spec TableSpec, catalog []CatalogColumn) (*Table, error) {
 	}
 	if spec.RoutingKey.PayloadField != "" && t.payloadType != "jsonb" && t.payloadType != "json" {
 		errs = append(errs, field.Invalid(path.Child("routingKey", "payloadField"), spec.RoutingKey.PayloadField, "a payload field needs a jsonb or json payload column, not "+t.payloadType))
+	}
+	if key := spec.Ordering.KeyColumn; key != "" {
+		t.order, errs = resolveKeyOrder(spec.Ordering, types, qualified, path.Child("ordering"), errs)
 	}
 	if len(errs) > 0 {
 		return nil, errs.ToAggregate()
@@ -346,29 +354,10 @@ type ClaimParams struct {
 // Each row returns the number of live rows that were due, so the drainer can
 // tell a claim cut short by its budget from an outbox with nothing more due.
 func (t *Table) Claim(p ClaimParams) Statement {
-	c := t.cols
-	args := []any{p.DrainerID, p.BatchSize, p.MaxAttempts, p.LeaseMillis, p.MaxPayloadBytes, p.MaxClaimBytes}
-	routingKey := "o." + q(t.routingKey.Column) + "::text"
-	switch {
-	case t.routingKey.PayloadField != "":
-		args = append(args, t.routingKey.PayloadField)
-		routingKey = "o." + q(c.Payload) + " ->> $7::text"
-	case t.routingKey.Constant != "":
-		args = append(args, t.routingKey.Constant)
-		routingKey = "$7::text"
+	if t.order != nil {
+		return t.claimInOrder(p)
 	}
-	headers, enqueued, live := "NULL::jsonb", "now()", q(c.Attempts)+" < $3"
-	if c.ParkedAt != "" {
-		// A parked row is due at 'infinity' and never reaches a claim; one
-		// made due by hand is still not published, and goes back out.
-		live += " AND " + q(c.ParkedAt) + " IS NULL"
-	}
-	if c.Headers != "" {
-		headers = "o." + q(c.Headers) + "::jsonb"
-	}
-	if c.EnqueuedAt != "" {
-		enqueued = "o." + q(c.EnqueuedAt)
-	}
+	args, terms := t.claimTerms(p)
 	sql := fmt.Sprintf(`WITH RECURSIVE due AS MATERIALIZED (
 	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[4]s AS live, %[14]s AS size
 	FROM %[1]s
@@ -377,7 +366,23 @@ func (t *Table) Claim(p ClaimParams) Statement {
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ),
-sized AS (
+`+claimBudget+`
+poisoned AS (
+	UPDATE %[1]s AS o SET %[3]s = 'infinity', %[7]s = NULL, %[8]s = NULL
+	WHERE %[9]s
+)
+UPDATE %[1]s AS o SET %[7]s = now(), %[8]s = $1, %[3]s = now() + $4 * interval '1 millisecond'
+FROM taken k
+WHERE o.ctid = ANY(ARRAY(SELECT tid FROM taken)) AND o.tableoid = k.toid AND o.ctid = k.tid
+RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN k.size <= $5 THEN o.%[10]s END, k.size, %[11]s, %[12]s, %[13]s,
+	(SELECT count(*) FROM due WHERE live)`, terms(locatedIn("due WHERE NOT live"))...)
+	return Statement{SQL: sql, Args: args}
+}
+
+// claimBudget is the part of the claim that sizes the live due rows and
+// keeps those within the byte budget (see Claim): from due, it makes taken.
+// It takes the claim's format arguments.
+const claimBudget = `sized AS (
 	SELECT toid, tid, size FROM (
 		SELECT toid, tid, size, row_number() OVER w AS n, sum(CASE WHEN size <= $5 THEN size ELSE 0 END) OVER w AS bytes
 		FROM due WHERE live
@@ -405,20 +410,42 @@ taken AS (
 	UNION ALL
 	SELECT q.toids[b.n], q.tids[b.n], b.size FROM budget b, queue q
 	WHERE b.n > 0 AND NOT (SELECT coalesce(bool_and(size IS NOT NULL), true) FROM due WHERE live)
-),
-poisoned AS (
-	UPDATE %[1]s AS o SET %[3]s = 'infinity', %[7]s = NULL, %[8]s = NULL
-	WHERE %[9]s
-)
-UPDATE %[1]s AS o SET %[7]s = now(), %[8]s = $1, %[3]s = now() + $4 * interval '1 millisecond'
-FROM taken k
-WHERE o.ctid = ANY(ARRAY(SELECT tid FROM taken)) AND o.tableoid = k.toid AND o.ctid = k.tid
-RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN k.size <= $5 THEN o.%[10]s END, k.size, %[11]s, %[12]s, %[13]s,
-	(SELECT count(*) FROM due WHERE live)`,
-		t.ident, q(c.ID), q(c.AvailableAt), live, q(c.PublishedAt), t.payloadSize("o"),
-		q(c.ClaimedAt), q(c.ClaimedBy), locatedIn("due WHERE NOT live"),
-		q(c.Payload), routingKey, headers, enqueued, t.cheapPayloadSize())
-	return Statement{SQL: sql, Args: args}
+),`
+
+// claimTerms are the claim's arguments, and its format arguments given the
+// rows the poisoned step sends out of reach: 1 the table, 2 id, 3 due time,
+// 4 live, 5 published at, 6 a payload's size, 7 claimed at, 8 claimed by,
+// 9 the poisoned rows, 10 payload, 11 routing key, 12 headers, 13 enqueued
+// at, 14 the cheap size.
+func (t *Table) claimTerms(p ClaimParams) ([]any, func(poisoned string) []any) {
+	c := t.cols
+	args := []any{p.DrainerID, p.BatchSize, p.MaxAttempts, p.LeaseMillis, p.MaxPayloadBytes, p.MaxClaimBytes}
+	routingKey := "o." + q(t.routingKey.Column) + "::text"
+	switch {
+	case t.routingKey.PayloadField != "":
+		args = append(args, t.routingKey.PayloadField)
+		routingKey = "o." + q(c.Payload) + " ->> $7::text"
+	case t.routingKey.Constant != "":
+		args = append(args, t.routingKey.Constant)
+		routingKey = "$7::text"
+	}
+	headers, enqueued, live := "NULL::jsonb", "now()", q(c.Attempts)+" < $3"
+	if c.ParkedAt != "" {
+		// A parked row is due at 'infinity' and never reaches a claim; one
+		// made due by hand is still not published, and goes back out.
+		live += " AND " + q(c.ParkedAt) + " IS NULL"
+	}
+	if c.Headers != "" {
+		headers = "o." + q(c.Headers) + "::jsonb"
+	}
+	if c.EnqueuedAt != "" {
+		enqueued = "o." + q(c.EnqueuedAt)
+	}
+	return args, func(poisoned string) []any {
+		return []any{t.ident, q(c.ID), q(c.AvailableAt), live, q(c.PublishedAt), t.payloadSize("o"),
+			q(c.ClaimedAt), q(c.ClaimedBy), poisoned,
+			q(c.Payload), routingKey, headers, enqueued, t.cheapPayloadSize()}
+	}
 }
 
 // payloadSize is the size of the payload of the row aliased alias as the

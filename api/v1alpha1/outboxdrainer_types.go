@@ -76,6 +76,24 @@ type RoutingKey struct {
 	Constant string `json:"constant,omitempty"`
 }
 
+// Ordering publishes the rows of one key (an aggregate, a customer) one at
+// a time, in enqueue order, while rows of different keys flow in parallel.
+type Ordering struct {
+	// KeyColumn holds each row's ordering key; spillway migrate builds the
+	// indexes ordering reads on it. A row whose key is NULL is not ordered.
+	// +required
+	KeyColumn Identifier `json:"keyColumn"`
+	// OnFailure is what a failed row (returned, or unpublishable) does to
+	// its key. block: the later rows of the key wait while it retries, and
+	// while it is poisoned, until it is published, replayed or parked; the
+	// key counts in status.blockedKeys. skip: it is poisoned at once, and
+	// the later rows go on.
+	// +kubebuilder:validation:Enum=block;skip
+	// +kubebuilder:default=block
+	// +optional
+	OnFailure string `json:"onFailure,omitempty"`
+}
+
 // DatabaseSpec is the outbox: where it is and how its table is laid out.
 type DatabaseSpec struct {
 	// URLSecretRef is the key of a Secret holding the Postgres connection URL.
@@ -341,6 +359,10 @@ type OutboxDrainerSpec struct {
 	ShutdownTimeout metav1.Duration `json:"shutdownTimeout,omitzero"`
 	// +optional
 	Retention *Retention `json:"retention,omitempty"`
+	// Ordering publishes the rows of each key in enqueue order, one at a
+	// time across the fleet. Unset: no per-key order.
+	// +optional
+	Ordering *Ordering `json:"ordering,omitempty"`
 	// MaxRate caps the events per second the fleet publishes, all its
 	// drainers together, so that a backlog drains at a pace the
 	// application's database can live beside. Each drainer takes an equal
@@ -420,6 +442,11 @@ type OutboxDrainerStatus struct {
 	// oldestPendingAge are then lower bounds, "at least".
 	// +optional
 	CountCapped bool `json:"countCapped,omitempty"`
+	// BlockedKeys counts the ordering keys whose later rows wait for a
+	// failed row, with spec.ordering and onFailure block; unset otherwise,
+	// and when a read fails.
+	// +optional
+	BlockedKeys *BlockedKeys `json:"blockedKeys,omitempty"`
 	// LastProbeTime is when the outbox was last read successfully. When a
 	// read fails, backlog, poisoned and oldestPendingAge are removed rather
 	// than shown as current, and this keeps the time of the last good read.
@@ -435,6 +462,19 @@ type OutboxDrainerStatus struct {
 	// +listMapKey=type
 	// +optional
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
+}
+
+// BlockedKeys are the ordering keys a failed row holds back.
+type BlockedKeys struct {
+	// Count is the number of blocked keys (a lower bound when countCapped).
+	Count int64 `json:"count"`
+	// OldestKey is the key whose failed row is the oldest, by enqueue order.
+	// +optional
+	OldestKey string `json:"oldestKey,omitempty"`
+	// OldestEnqueuedAt is that row's enqueued_at: the key has had events
+	// waiting since then. Unset on a table without enqueuedAt.
+	// +optional
+	OldestEnqueuedAt *metav1.Time `json:"oldestEnqueuedAt,omitempty"`
 }
 
 // AutoscalingStatus is the count autoscaling set, and why.
@@ -475,6 +515,7 @@ type Recommendation struct {
 // +kubebuilder:printcolumn:name="Oldest",type=string,JSONPath=`.status.oldestPendingAge`
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Desired",type=integer,priority=1,JSONPath=`.status.autoscaling.desiredReplicas`
+// +kubebuilder:printcolumn:name="Blocked",type=integer,priority=1,JSONPath=`.status.blockedKeys.count`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 55",message="metadata.name must be at most 55 characters, so that <name>-metrics is a valid Service name"
 type OutboxDrainer struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -47,7 +47,7 @@ func Change(ctx context.Context, secrets client.Reader, namespace string, db v1a
 	if missing != "" {
 		return ChangeResult{Reason: v1alpha1.ReasonSecretNotFound, Message: missing}, nil
 	}
-	spec, err := resource.TableSpec(db)
+	spec, err := resource.TableSpec(db, nil)
 	if err != nil {
 		return ChangeResult{Reason: v1alpha1.ReasonTableNotUsable, Message: err.Error()}, nil
 	}

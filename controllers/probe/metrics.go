@@ -15,6 +15,8 @@ import (
 type Metrics struct {
 	Backlog          *prometheus.GaugeVec
 	Poisoned         *prometheus.GaugeVec
+	BlockedKeys      *prometheus.GaugeVec
+	OldestBlocked    *prometheus.GaugeVec
 	OldestPendingAge *prometheus.GaugeVec
 	CountCapped      *prometheus.GaugeVec
 	LastRead         *prometheus.GaugeVec
@@ -50,6 +52,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{
 		Backlog:  gauge("backlog", "Pending rows that are not poisoned, as last read; absent while the read fails."),
 		Poisoned: gauge("poisoned", "Pending rows at maxAttempts, never retried until replayed; absent while the read fails."),
+		BlockedKeys: gauge("blocked_keys",
+			"Ordering keys whose later rows wait for a failed row (spec.ordering with onFailure block); absent without, or while the read fails."),
+		OldestBlocked: gauge("oldest_blocked_key_age_seconds",
+			"Age of the oldest blocked key's failed row, by its enqueued_at; absent without blocked keys or enqueuedAt, or while the read fails."),
 		OldestPendingAge: gauge("oldest_pending_age_seconds",
 			"Age of the backlog's oldest row by the database's clock; absent while the read fails or the table has no enqueuedAt column."),
 		CountCapped: gauge("count_capped",
@@ -73,7 +79,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Help: "1 while the OutboxDrainer's Ready condition is True: every desired drainer ready and the outbox read."}, fleet)
 	m.DesiredReplicas = prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "spillway", Subsystem: "outboxdrainer", Name: "desired_replicas",
 		Help: "Drainers the fleet should run: spec.replicas, or autoscaling's count; 0 while paused."}, fleet)
-	reg.MustRegister(m.Backlog, m.Poisoned, m.OldestPendingAge, m.CountCapped, m.LastRead, m.ProbeDuration, m.ProbeErrors,
+	reg.MustRegister(m.Backlog, m.Poisoned, m.BlockedKeys, m.OldestBlocked, m.OldestPendingAge, m.CountCapped, m.LastRead, m.ProbeDuration, m.ProbeErrors,
 		m.ReleasedClaims, m.Ready, m.DesiredReplicas)
 	return m
 }
@@ -88,12 +94,22 @@ func (m *Metrics) record(key types.NamespacedName, r *Result, elapsed time.Durat
 		m.ProbeErrors.WithLabelValues(key.Namespace, key.Name, r.Reason).Inc()
 		m.Backlog.Delete(labels)
 		m.Poisoned.Delete(labels)
+		m.BlockedKeys.Delete(labels)
+		m.OldestBlocked.Delete(labels)
 		m.OldestPendingAge.Delete(labels)
 		m.CountCapped.Delete(labels)
 		return
 	}
 	m.Backlog.With(labels).Set(float64(o.Backlog))
 	m.Poisoned.With(labels).Set(float64(o.Poisoned))
+	m.BlockedKeys.Delete(labels)
+	m.OldestBlocked.Delete(labels)
+	if b := o.Blocked; b != nil {
+		m.BlockedKeys.With(labels).Set(float64(b.Count))
+		if b.OldestEnqueuedAt != nil {
+			m.OldestBlocked.With(labels).Set(r.Time.Sub(*b.OldestEnqueuedAt).Seconds())
+		}
+	}
 	if o.AgeKnown {
 		m.OldestPendingAge.With(labels).Set(o.OldestPendingAge.Seconds())
 	} else {
@@ -110,7 +126,7 @@ func (m *Metrics) record(key types.NamespacedName, r *Result, elapsed time.Durat
 // forget removes every series of a deleted fleet.
 func (m *Metrics) forget(key types.NamespacedName) {
 	labels := prometheus.Labels{"namespace": key.Namespace, "name": key.Name}
-	for _, g := range []*prometheus.GaugeVec{m.Backlog, m.Poisoned, m.OldestPendingAge, m.CountCapped, m.LastRead, m.Ready, m.DesiredReplicas} {
+	for _, g := range []*prometheus.GaugeVec{m.Backlog, m.Poisoned, m.BlockedKeys, m.OldestBlocked, m.OldestPendingAge, m.CountCapped, m.LastRead, m.Ready, m.DesiredReplicas} {
 		g.Delete(labels)
 	}
 	m.ProbeDuration.DeletePartialMatch(labels)

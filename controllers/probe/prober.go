@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/events"
@@ -34,7 +35,10 @@ type Target struct {
 	UID        types.UID
 	Generation int64
 	Database   v1alpha1.DatabaseSpec
-	Broker     v1alpha1.SecretKeyRef
+	// Ordering is the fleet's per-key ordering, whose blocked keys the read
+	// counts; nil without.
+	Ordering *v1alpha1.Ordering
+	Broker   v1alpha1.SecretKeyRef
 	// MaxAttempts is the fleet's poison threshold.
 	MaxAttempts int
 	Interval    time.Duration
@@ -60,7 +64,7 @@ func (t Target) same(o Target) bool {
 	return t.Key == o.Key && t.UID == o.UID && t.Generation == o.Generation && t.Broker == o.Broker && t.MaxAttempts == o.MaxAttempts &&
 		t.Interval == o.Interval && t.Database.URLSecretRef == o.Database.URLSecretRef && t.Database.Table == o.Database.Table &&
 		t.Database.Columns == o.Database.Columns && t.Database.RoutingKey == o.Database.RoutingKey &&
-		t.LeaseTTL == o.LeaseTTL && slices.Equal(t.Dead, o.Dead)
+		t.LeaseTTL == o.LeaseTTL && slices.Equal(t.Dead, o.Dead) && equality.Semantic.DeepEqual(t.Ordering, o.Ordering)
 }
 
 // Result is one read of a fleet's Secrets and outbox.

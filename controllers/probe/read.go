@@ -76,7 +76,7 @@ func secretValue(ctx context.Context, secrets client.Reader, namespace, what str
 func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL string) (reason, message string, outbox *drainer.OutboxStatus) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
-	spec, err := resource.TableSpec(t.Database)
+	spec, err := resource.TableSpec(t.Database, t.Ordering)
 	if err != nil {
 		return v1alpha1.ReasonTableNotUsable, err.Error(), nil
 	}
@@ -114,6 +114,13 @@ func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL strin
 	o, err := drainer.ReadBoundedOutboxStatus(ctx, tx, resolved, t.MaxAttempts, p.opts.CountLimit, url, brokerURL)
 	if err != nil {
 		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
+	}
+	if t.Ordering != nil && t.Ordering.OnFailure != drainer.OnFailureSkip {
+		blocked, err := drainer.ReadBlockedKeys(ctx, tx, resolved, p.opts.CountLimit)
+		if err != nil {
+			return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
+		}
+		o.Blocked = &blocked
 	}
 	_ = tx.Rollback(ctx)
 	p.releaseDead(ctx, conn, resolved, t, url)

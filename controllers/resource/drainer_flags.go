@@ -39,7 +39,9 @@ func columnMapping(c v1alpha1.Columns) [][2]string {
 
 // TableSpec is the drainer's view of the spec's table, so that the
 // operator's status query resolves the table exactly as a drainer does.
-func TableSpec(db v1alpha1.DatabaseSpec) (drainer.TableSpec, error) {
+// With ordering, it is the ordered table, whose blocked keys the status
+// counts.
+func TableSpec(db v1alpha1.DatabaseSpec, ordering *v1alpha1.Ordering) (drainer.TableSpec, error) {
 	spec := drainer.TableSpec{
 		Name: db.Table,
 		RoutingKey: drainer.RoutingKey{
@@ -55,6 +57,9 @@ func TableSpec(db v1alpha1.DatabaseSpec) (drainer.TableSpec, error) {
 		if err := spec.Columns.Set(m[0], m[1]); err != nil {
 			return spec, fmt.Errorf("map column %s: %w", m[0], err)
 		}
+	}
+	if ordering != nil {
+		spec.Ordering = drainer.Ordering{KeyColumn: string(ordering.KeyColumn), OnFailure: ordering.OnFailure}
 	}
 	return spec, nil
 }
@@ -99,6 +104,12 @@ func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
 		"--shutdown-timeout="+s.ShutdownTimeout.Duration.String(),
 		fmt.Sprintf("--metrics-addr=:%d", MetricsPort),
 	)
+	if o := s.Ordering; o != nil {
+		args = append(args, "--ordering-key-column="+string(o.KeyColumn))
+		if o.OnFailure != "" {
+			args = append(args, "--ordering-on-failure="+o.OnFailure)
+		}
+	}
 	if s.MaxRate != nil {
 		args = append(args, "--max-rate="+strconv.FormatInt(*s.MaxRate, 10))
 	}

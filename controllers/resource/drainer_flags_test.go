@@ -29,12 +29,13 @@ var _ = Describe("The drainer's view of the spec", func() {
 			Columns:    v1alpha1.Columns{ID: "event_id", EnqueuedAt: "created_at", LastError: "error"},
 			RoutingKey: v1alpha1.RoutingKey{Column: "kind"},
 		}
-		spec, err := TableSpec(db)
+		spec, err := TableSpec(db, &v1alpha1.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(spec).To(Equal(drainer.TableSpec{
 			Name:       "public.athena_outbox",
 			Columns:    drainer.Columns{ID: "event_id", EnqueuedAt: "created_at", LastError: "error"},
 			RoutingKey: drainer.RoutingKey{Column: "kind"},
+			Ordering:   drainer.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"},
 		}))
 		Expect(spec.Validate(field.NewPath("spec", "database"))).To(BeEmpty())
 	})
@@ -50,6 +51,7 @@ var _ = Describe("The drainer's command line", func() {
 			UnpublishedMaxAge: &metav1.Duration{Duration: 720 * time.Hour},
 		}
 		od.Spec.MaxRate = ptr.To(int64(1600))
+		od.Spec.Ordering = &v1alpha1.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}
 		args := DrainArgs(od.Spec)
 		Expect(args[0]).To(Equal("drain"))
 		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde") // the downward API's, in a pod
@@ -69,6 +71,7 @@ var _ = Describe("The drainer's command line", func() {
 		Expect(*cfg.Retention.Published).To(Equal(72 * time.Hour))
 		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
 		Expect(cfg.MaxRate).To(Equal(1600.0))
+		Expect(cfg.Table.Ordering).To(Equal(drainer.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}))
 		Expect(httpAddr).To(Equal(fmt.Sprintf(":%d", MetricsPort)))
 	})
 

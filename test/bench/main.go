@@ -40,7 +40,7 @@ var (
 	tunedBatch    = flag.Int("tuned-batch-size", 1000, "batch size of the tuned run the defaults are compared with")
 	tunedDepth    = flag.Int("tuned-pipeline-depth", 256, "pipeline depth of the tuned run (its lease is raised to the lease rule's)")
 	ceilingWindow = flag.Int("ceiling-window", 256, "confirms in flight of the raw publisher")
-	sectionList   = flag.String("sections", "throughput,neighbour,latency,claims", "which measurements to run, comma-separated")
+	sectionList   = flag.String("sections", "throughput,neighbour,latency,claims,ordering", "which measurements to run, comma-separated")
 	cpuProfile    = flag.String("cpuprofile", "", "write a CPU profile of the first 1-process drainer run to this file")
 )
 
@@ -112,6 +112,9 @@ func main() {
 	}
 	if sections["claims"] {
 		targets = append(targets, b.claims(ctx)...)
+	}
+	if sections["ordering"] {
+		targets = append(targets, b.ordering(ctx)...)
 	}
 	fmt.Println()
 	for _, t := range targets {

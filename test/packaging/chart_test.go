@@ -213,7 +213,7 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 		Entry("a number for the dashboard switch", "grafanaDashboard:\n  enabled: 1\n", "at '/grafanaDashboard/enabled': got number, want boolean"),
 	)
 
-	It("alerts on a growing backlog, an old pending row, poisoned rows and a fleet not ready, as promtool test rules proves", func() {
+	It("alerts on a growing backlog, an old pending row, poisoned rows, a key blocked too long and a fleet not ready, as promtool test rules proves", func() {
 		promtool := os.Getenv("PROMTOOL")
 		Expect(promtool).NotTo(BeEmpty(), "PROMTOOL is not set: make test builds promtool into bin/ and sets it")
 		rule := find(mustRender("--set", "prometheusRule.enabled=true"), "PrometheusRule", "spillway")
@@ -225,7 +225,7 @@ var _ = Describe("The Helm chart", Label("e2e"), func() {
 		tests, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), "test/packaging/testdata/alerts_test.yaml"))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(os.WriteFile(filepath.Join(dir, "alerts_test.yaml"), tests, 0o600)).To(Succeed())
-		Expect(mustRun(promtool, "check", "rules", filepath.Join(dir, "rules.yaml"))).To(ContainSubstring("SUCCESS: 4 rules found"))
+		Expect(mustRun(promtool, "check", "rules", filepath.Join(dir, "rules.yaml"))).To(ContainSubstring("SUCCESS: 5 rules found"))
 		Expect(mustRun(promtool, "test", "rules", filepath.Join(dir, "alerts_test.yaml"))).To(ContainSubstring("SUCCESS"))
 	})
 
