@@ -113,8 +113,13 @@ func (r *recorder) verdict(perKey map[string]int) (lost, duplicates, reordered i
 }
 
 // flap binds and unbinds queue to exchange under key every period, until
-// ctx ends, so that rows published while it is bound (or unbound) fail.
-func flap(ctx context.Context, ch *amqp.Channel, queue, key, exchange string, period time.Duration, bound bool) {
+// ctx ends, so that rows published while it is bound (or unbound) fail. It
+// has a channel of its own: two goroutines' calls on one channel can take
+// each other's replies.
+func flap(ctx context.Context, queue, key, exchange string, period time.Duration, bound bool) {
+	ch, err := amqpConn.Channel()
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(func() { _ = ch.Close() })
 	go func() {
 		defer GinkgoRecover()
 		for {
@@ -200,11 +205,8 @@ var _ = Describe("A fleet ordering per key", Label("e2e"), func() {
 
 		flapping, stop := context.WithCancel(context.Background())
 		DeferCleanup(stop)
-		flapCh, err := amqpConn.Channel()
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(func() { _ = flapCh.Close() })
-		flap(flapping, flapCh, full, "ev.flaky.#", topo.Exchange, 300*time.Millisecond, true)
-		flap(flapping, flapCh, topo.Queue, "rf.#", topo.Exchange, 300*time.Millisecond, false)
+		flap(flapping, full, "ev.flaky.#", topo.Exchange, 300*time.Millisecond, true)
+		flap(flapping, topo.Queue, "rf.#", topo.Exchange, 300*time.Millisecond, false)
 
 		// At most one row per key in flight, sampled while the fleet runs.
 		var overlaps sync.Map
