@@ -147,9 +147,9 @@ func (t *Table) blocks(alias, maxAttempts string) string {
 func (t *Table) isHead(alias, maxAttempts string) string {
 	c := t.cols
 	return fmt.Sprintf(`NOT coalesce((SELECT %[5]s FROM %[1]s e WHERE e.%[2]s = %[3]s.okey AND e.%[4]s IS NULL%[7]s ORDER BY %[10]s LIMIT 1) < %[6]s, false)
-		AND NOT EXISTS (SELECT 1 FROM %[1]s f WHERE f.%[2]s = %[3]s.okey AND f.%[4]s IS NULL AND f.%[8]s IS NOT NULL AND f.%[9]s - now() > interval '0')`,
+		AND NOT EXISTS (SELECT 1 FROM %[1]s f WHERE f.%[2]s = %[3]s.okey AND f.%[4]s IS NULL AND %[8]s AND f.%[9]s - now() > interval '0')`,
 		t.ident, q(t.order.key), alias, q(c.PublishedAt), t.orderOf("e"), t.orderKeyOf(alias), t.blocks("e", maxAttempts),
-		q(c.ClaimedBy), q(c.AvailableAt), t.orderBy("e"))
+		t.claimedRow("f"), q(c.AvailableAt), t.orderBy("e"))
 }
 
 // orderKeyOf is the order of a row read into a CTE as okey, oenq and row_id.
@@ -321,10 +321,22 @@ func (t *Table) OrderIndex() IndexDef {
 }
 
 // KeyLeaseIndex holds only claimed rows, by key: whether a key is in flight
-// is one probe, however many rows the key holds.
+// is one probe, however many rows the key holds. Its predicate is one no
+// settle implies: from a settle's claimed_by = $4 (or claimed_at = token),
+// a planner proved "IS NOT NULL" and read every claimed row through this
+// index, comparing each with every lease, instead of a TID scan per lease
+// (290 ms against 12 for 500 leases among 3,000 claimed rows).
 func (t *Table) KeyLeaseIndex() IndexDef {
-	return IndexDef{Suffix: keyLeaseIndexSuffix, Columns: []string{t.order.key},
-		Predicate: q(t.cols.PublishedAt) + " IS NULL AND " + q(t.cols.ClaimedBy) + " IS NOT NULL"}
+	return IndexDef{Suffix: keyLeaseIndexSuffix, Columns: []string{t.order.key}, Predicate: q(t.cols.PublishedAt) + " IS NULL AND " + t.claimedRow("")}
+}
+
+// claimedRow is the key lease index's condition that a row, aliased alias
+// (none: unqualified), is claimed: every claim stamps claimed_at with now().
+func (t *Table) claimedRow(alias string) string {
+	if alias != "" {
+		alias += "."
+	}
+	return alias + q(t.cols.ClaimedAt) + " > '-infinity'::timestamp with time zone" // as pg_get_expr prints it
 }
 
 // Indexes are the indexes the drainer reads: the claim and published
