@@ -222,19 +222,24 @@ FROM (SELECT) one LEFT JOIN claimed c ON true`,
 // published (or, under skip, poisoned): each key's first unpublished row
 // that blocks the rest becomes due, if it was waiting. Waking is always
 // safe: the claim checks that the row is its key's head again.
+//
+// The next row is matched by its id, not its ctid: when a claim is sending
+// that row to wait at the same moment, this update waits for the claim and
+// re-checks the row's new version, whose ctid is new; matched by ctid, the
+// row would wait unseen until the sweep.
 func (t *Table) WakeSuccessors(keys []string, maxAttempts int) Statement {
 	c := t.cols
 	return Statement{
 		SQL: fmt.Sprintf(`UPDATE %[1]s AS w SET %[2]s = %[3]s
 FROM unnest($1::%[4]s[]) AS s(okey), LATERAL (
-	SELECT n.tableoid AS toid, n.ctid AS tid FROM %[1]s n
+	SELECT n.tableoid AS toid, n.%[10]s AS row_id FROM %[1]s n
 	WHERE n.%[5]s = s.okey AND n.%[6]s IS NULL%[7]s
 	ORDER BY %[8]s
 	LIMIT 1
 ) nx
-WHERE w.tableoid = nx.toid AND w.ctid = nx.tid AND w.%[2]s = %[9]s`,
+WHERE w.tableoid = nx.toid AND w.%[10]s = nx.row_id AND w.%[2]s = %[9]s`,
 			t.ident, q(c.AvailableAt), t.wokenDue("w"), t.order.keyType, q(t.order.key), q(c.PublishedAt),
-			t.blocks("n", "$2"), t.orderBy("n"), waitingDue),
+			t.blocks("n", "$2"), t.orderBy("n"), waitingDue, q(c.ID)),
 		Args: t.withMaxAttempts([]any{keys}, maxAttempts),
 	}
 }
