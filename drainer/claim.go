@@ -77,7 +77,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 		}
 		if !full {
 			wait := d.cfg.PollInterval
-			if followUp {
+			if followUp || c.claim.Deferred > 0 {
 				wait = min(wait, lateCommitWindow)
 			}
 			if followUp = p.idle(ctx, wait, d.wake); followUp && d.cfg.WakeCoalesce > 0 {
@@ -99,7 +99,8 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 	}
 }
 
-// lateCommitWindow is how soon a wake-up's claim is followed by another.
+// lateCommitWindow is how soon a wake-up's claim is followed by another, and
+// an ordered claim that left rows due while their key's head was settled.
 const lateCommitWindow = 20 * time.Millisecond
 
 // pendingClaim is one claim under way, of at most size rows; claim and err

@@ -95,6 +95,80 @@ var _ = Describe("Per-key ordering", Label("integration"), func() {
 		Expect(seqs(ctx, spec.Name, after)).To(Equal([]string{"k0/0"}))
 	})
 
+	// A row committed while its key's head is in flight, as an
+	// application's next event of the aggregate is.
+	enqueueSecond := func(ctx context.Context, table string) {
+		exec(ctx, `INSERT INTO `+table+` (event_type, payload, aggregate_id) VALUES ('order.created', '{"seq": 2}', 'k0')`)
+	}
+
+	It("leaves a row due, neither claimed nor sent to wait, while its key's head is being settled", func(ctx SpecContext) {
+		spec := orderedOutbox(ctx, "")
+		seedKeys(ctx, spec.Name, 1, 1)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		held, err := store.Claim(ctx, claimParams("drainer-a", 10))
+		Expect(err).NotTo(HaveOccurred())
+		enqueueSecond(ctx, spec.Name)
+
+		// The head's settle has published it and looked for a waiting row
+		// to wake, and has not committed: a claim now still sees the head
+		// in flight, and a row it sent to wait would wait for the sweep.
+		settle, err := pool.Begin(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = settle.Rollback(context.WithoutCancel(ctx)) }()
+		for _, stmt := range []Statement{store.table.MarkPublished("drainer-a", held.Leases()), store.table.WakeSuccessors([]string{"k0"}, 10)} {
+			_, err := settle.Exec(ctx, stmt.SQL, stmt.Args...)
+			Expect(err).NotTo(HaveOccurred())
+		}
+		during, err := store.Claim(ctx, claimParams("drainer-b", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(during.Rows).To(BeEmpty())
+		Expect(during.Deferred).To(Equal(1))
+		Expect(count(ctx, spec.Name, "available_at = "+waitingDue)).To(BeZero(), "not sent to wait")
+
+		Expect(settle.Commit(ctx)).To(Succeed())
+		after, err := store.Claim(ctx, claimParams("drainer-b", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(seqs(ctx, spec.Name, after)).To(Equal([]string{"k0/2"}))
+	})
+
+	It("makes the head's settle wait for a claim that sent a row to wait behind it, so that its wake-up sees the row", func(ctx SpecContext) {
+		spec := orderedOutbox(ctx, "")
+		seedKeys(ctx, spec.Name, 1, 1)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		held, err := store.Claim(ctx, claimParams("drainer-a", 10))
+		Expect(err).NotTo(HaveOccurred())
+		enqueueSecond(ctx, spec.Name)
+
+		claim, err := pool.Begin(ctx)
+		Expect(err).NotTo(HaveOccurred())
+		defer func() { _ = claim.Rollback(context.WithoutCancel(ctx)) }()
+		stmt := store.table.Claim(claimParams("drainer-b", 10))
+		_, err = claim.Exec(ctx, stmt.SQL, stmt.Args...)
+		Expect(err).NotTo(HaveOccurred())
+
+		settled := make(chan Settled, 1)
+		go func() {
+			defer GinkgoRecover()
+			done, err := store.Settle(ctx, "drainer-a", Settlement{Published: held.Leases(), Advanced: []string{"k0"}}, policy)
+			Expect(err).NotTo(HaveOccurred())
+			settled <- done
+		}()
+		_, table := spec.QualifiedName()
+		Eventually(func() int {
+			return count(ctx, "pg_stat_activity", "wait_event_type = 'Lock' AND query LIKE $1", "UPDATE %"+table+"% SET %published_at%")
+		}).WithContext(ctx).WithTimeout(10*time.Second).Should(Equal(1), "the settle waits for the claim's lock on the head")
+		Expect(claim.Commit(ctx)).To(Succeed())
+		var done Settled
+		Eventually(settled).WithContext(ctx).WithTimeout(10 * time.Second).Should(Receive(&done))
+		Expect(done.Published).To(Equal(int64(1)))
+		Expect(done.Woken).To(Equal(int64(1)), "the wake-up sees the row the claim sent to wait")
+		after, err := store.Claim(ctx, claimParams("drainer-b", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(seqs(ctx, spec.Name, after)).To(Equal([]string{"k0/2"}))
+	})
+
 	It("under block, keeps a failed row's key waiting while it backs off and while it is poisoned, and counts the key blocked", func(ctx SpecContext) {
 		spec := orderedOutbox(ctx, OnFailureBlock)
 		seedKeys(ctx, spec.Name, 2, 2)

@@ -53,11 +53,18 @@ var _ = Describe("Classifying a confirm", Label("integration"), func() {
 		topo := topology("#", nil)
 		seed(ctx, spec.Name, 20_000)
 		d := startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+		var closed *brokerChannel
 		for range 5 {
+			// Settles of rows confirmed on the closed channel also count,
+			// so the new channel is waited for itself.
+			var ch *brokerChannel
+			Eventually(func() *brokerChannel { ch = d.current.Load(); return ch }, drainTimeout, 5*time.Millisecond).
+				ShouldNot(Or(BeNil(), BeIdenticalTo(closed)), "a new connection")
 			before := count(ctx, spec.Name, "published_at IS NOT NULL")
 			Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout, 5*time.Millisecond).
 				Should(BeNumerically(">=", before+500), "publishing on the new connection")
-			d.current.Load().close()
+			ch.close()
+			closed = ch
 		}
 		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout, 100*time.Millisecond).Should(BeZero())
 		Expect(count(ctx, spec.Name, "attempts > 0")).To(BeZero())

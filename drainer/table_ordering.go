@@ -25,7 +25,8 @@ import (
 // under skip, poisoned), the settle wakes the key's next row if it waits,
 // making it due at its enqueued_at; a periodic sweep wakes rows whose head
 // went some other way (parked, deleted). A wake-up never breaks the order:
-// the claim checks again.
+// the claim checks again. A claim share-locks the row it sends another to
+// wait behind, so that row's settle, and its wake-up, come after the claim.
 
 // What a counted failure does to its key.
 const (
@@ -136,20 +137,46 @@ func (t *Table) blocks(alias, maxAttempts string) string {
 }
 
 // isHead is the condition that the row aliased alias, whose key is
-// alias.okey, is its key's head and its key is not in flight: the first
-// unpublished row of its key that blocks the others is not earlier than it
-// (one probe of the order index, in its order, however many rows the key
-// holds), and no row of the key is under a live lease (a probe of the key
-// lease index, which holds only claimed rows: a late commit with an earlier
-// enqueued_at than a row in flight must wait for it). The lease's end is
-// compared so that no index on the due time can serve it: on a range of
-// the claim index from now(), a planner would read every waiting row.
+// alias.okey, is its key's head and its key is not in flight, as the
+// statement's snapshot has it: no earlier blocker and no lease.
 func (t *Table) isHead(alias, maxAttempts string) string {
+	return "NOT " + t.earlierBlocker(alias, maxAttempts, "") + " AND NOT " + t.keyInFlight(alias, "")
+}
+
+// stillHeld is the condition that a row the snapshot found held back is
+// held back by a row this claim now holds a share lock on. The lock is why
+// no wake-up is missed: the settle of that row waits for this claim to
+// commit, and its wake-up then sees the row sent to wait. Without it, a
+// settle committed after the claim's snapshot but before the claim sent the
+// row to wait would look for a waiting row, find none, and leave the row to
+// the sweep. A blocker another transaction is changing (a settle under way)
+// is skipped rather than waited for, since that settle may be waiting for a
+// row this claim has locked; the claim then leaves the row due, neither
+// claimed nor waiting, for the next claim to decide.
+func (t *Table) stillHeld(alias, maxAttempts string) string {
+	return t.earlierBlocker(alias, maxAttempts, " FOR SHARE OF e SKIP LOCKED") + " OR " + t.keyInFlight(alias, " FOR SHARE OF f SKIP LOCKED")
+}
+
+// earlierBlocker is the condition that the first unpublished row of the
+// key alias.okey that blocks the others is earlier than the row aliased
+// alias: one probe of the order index, in its order, however many rows the
+// key holds. lock, if any, locks the blocker found.
+func (t *Table) earlierBlocker(alias, maxAttempts, lock string) string {
 	c := t.cols
-	return fmt.Sprintf(`NOT coalesce((SELECT %[5]s FROM %[1]s e WHERE e.%[2]s = %[3]s.okey AND e.%[4]s IS NULL%[7]s ORDER BY %[10]s LIMIT 1) < %[6]s, false)
-		AND NOT EXISTS (SELECT 1 FROM %[1]s f WHERE f.%[2]s = %[3]s.okey AND f.%[4]s IS NULL AND %[8]s AND f.%[9]s - now() > interval '0')`,
-		t.ident, q(t.order.key), alias, q(c.PublishedAt), t.orderOf("e"), t.orderKeyOf(alias), t.blocks("e", maxAttempts),
-		t.claimedRow("f"), q(c.AvailableAt), t.orderBy("e"))
+	return fmt.Sprintf("coalesce((SELECT %[5]s FROM %[1]s e WHERE e.%[2]s = %[3]s.okey AND e.%[4]s IS NULL%[7]s ORDER BY %[8]s LIMIT 1%[9]s) < %[6]s, false)",
+		t.ident, q(t.order.key), alias, q(c.PublishedAt), t.orderOf("e"), t.orderKeyOf(alias), t.blocks("e", maxAttempts), t.orderBy("e"), lock)
+}
+
+// keyInFlight is the condition that a row of the key alias.okey is under a
+// live lease: a probe of the key lease index, which holds only claimed rows
+// (a late commit with an earlier enqueued_at than a row in flight must wait
+// for it). The lease's end is compared so that no index on the due time can
+// serve it: on a range of the claim index from now(), a planner would read
+// every waiting row. lock, if any, locks the leased row found.
+func (t *Table) keyInFlight(alias, lock string) string {
+	c := t.cols
+	return fmt.Sprintf("EXISTS (SELECT 1 FROM %[1]s f WHERE f.%[2]s = %[3]s.okey AND f.%[4]s IS NULL AND %[5]s AND f.%[6]s - now() > interval '0'%[7]s)",
+		t.ident, q(t.order.key), alias, q(c.PublishedAt), t.claimedRow("f"), q(c.AvailableAt), lock)
 }
 
 // orderKeyOf is the order of a row read into a CTE as okey, oenq and row_id.
@@ -170,9 +197,11 @@ func (t *Table) wokenDue(alias string) string {
 }
 
 // claimInOrder renders the ordered claim: Claim, with the due rows that are
-// not their key's head sent to wait instead of claimed. Its rows carry the
-// key; and it returns a row even when it claimed none, with a NULL id,
-// so that the drainer learns how many due rows it read.
+// not their key's head sent to wait instead of claimed, or, when what holds
+// them back is being settled at that moment, left due (see stillHeld). Its
+// rows carry the key; and it returns a row even when it claimed none, with
+// a NULL id, so that the drainer learns how many due rows it read and how
+// many it left due.
 func (t *Table) claimInOrder(p ClaimParams) Statement {
 	args, terms := t.claimTerms(p)
 	c := t.cols
@@ -190,8 +219,11 @@ func (t *Table) claimInOrder(p ClaimParams) Statement {
 	FOR UPDATE SKIP LOCKED
 ),
 due AS MATERIALIZED (
-	SELECT s.toid, s.tid, s.due_at, s.size, s.live AND h.head AS live, s.live AND NOT h.head AS waits
-	FROM scan s, LATERAL (SELECT s.okey IS NULL OR (%[17]s) AS head OFFSET 0) h
+	SELECT s.toid, s.tid, s.due_at, s.size, s.live AND h.head AS live, NOT s.live AS spent, s.live AND h.held AS waits
+	FROM scan s, LATERAL (
+		SELECT head, CASE WHEN head THEN false ELSE %[20]s END AS held
+		FROM (SELECT s.okey IS NULL OR (%[17]s) AS head OFFSET 0) x
+	) h
 ),
 `+claimBudget+`
 poisoned AS (
@@ -211,10 +243,11 @@ claimed AS (
 		o.%[15]s::text AS okey
 )
 SELECT c.id, c.toid, c.tid, c.token, c.payload, c.size, c.routing_key, c.headers, c.enqueued_at, c.okey,
-	(SELECT count(*) FROM due WHERE live), (SELECT count(*) FROM scan)
+	(SELECT count(*) FROM due WHERE live), (SELECT count(*) FROM scan),
+	(SELECT count(*) FROM due WHERE NOT live AND NOT spent AND NOT waits)
 FROM (SELECT) one LEFT JOIN claimed c ON true`,
-		append(terms(locatedIn("due WHERE NOT live AND NOT waits")),
-			q(t.order.key), enqueued, t.isHead("s", "$3"), waitingDue, locatedIn("due WHERE waits"))...)
+		append(terms(locatedIn("due WHERE spent")),
+			q(t.order.key), enqueued, t.isHead("s", "$3"), waitingDue, locatedIn("due WHERE waits"), t.stillHeld("s", "$3"))...)
 	return Statement{SQL: sql, Args: args}
 }
 
