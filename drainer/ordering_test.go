@@ -95,20 +95,23 @@ var _ = Describe("Per-key ordering", Label("integration"), func() {
 		Expect(seqs(ctx, spec.Name, after)).To(Equal([]string{"k0/0"}))
 	})
 
-	// A row committed while its key's head is in flight, as an
-	// application's next event of the aggregate is.
-	enqueueSecond := func(ctx context.Context, table string) {
-		exec(ctx, `INSERT INTO `+table+` (event_type, payload, aggregate_id) VALUES ('order.created', '{"seq": 2}', 'k0')`)
-	}
-
-	It("leaves a row due, neither claimed nor sent to wait, while its key's head is being settled", func(ctx SpecContext) {
+	// headInFlight claims key k0's only row as drainer-a, then commits the
+	// key's next row while the head is in flight, as an application's next
+	// event of the aggregate is.
+	headInFlight := func(ctx context.Context) (TableSpec, *Store, Claim) {
 		spec := orderedOutbox(ctx, "")
 		seedKeys(ctx, spec.Name, 1, 1)
 		store, err := OpenStore(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
 		held, err := store.Claim(ctx, claimParams("drainer-a", 10))
 		Expect(err).NotTo(HaveOccurred())
-		enqueueSecond(ctx, spec.Name)
+		Expect(held.Rows).To(HaveLen(1))
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, aggregate_id) VALUES ('order.created', '{"seq": 2}', 'k0')`)
+		return spec, store, held
+	}
+
+	It("leaves a row due, neither claimed nor sent to wait, while its key's head is being settled", func(ctx SpecContext) {
+		spec, store, held := headInFlight(ctx)
 
 		// The head's settle has published it and looked for a waiting row
 		// to wake, and has not committed: a claim now still sees the head
@@ -133,13 +136,7 @@ var _ = Describe("Per-key ordering", Label("integration"), func() {
 	})
 
 	It("makes the head's settle wait for a claim that sent a row to wait behind it, so that its wake-up sees the row", func(ctx SpecContext) {
-		spec := orderedOutbox(ctx, "")
-		seedKeys(ctx, spec.Name, 1, 1)
-		store, err := OpenStore(ctx, pool, spec)
-		Expect(err).NotTo(HaveOccurred())
-		held, err := store.Claim(ctx, claimParams("drainer-a", 10))
-		Expect(err).NotTo(HaveOccurred())
-		enqueueSecond(ctx, spec.Name)
+		spec, store, held := headInFlight(ctx)
 
 		claim, err := pool.Begin(ctx)
 		Expect(err).NotTo(HaveOccurred())

@@ -24,6 +24,8 @@ type arrivals struct {
 	mu     sync.Mutex
 	seen   map[string]bool
 	perKey map[string][]int
+	// unreadable counts the bodies that were not an event of a key.
+	unreadable int
 }
 
 func consumeInOrder(ch *amqp.Channel, queue string) *arrivals {
@@ -36,8 +38,11 @@ func consumeInOrder(ch *amqp.Channel, queue string) *arrivals {
 				Key string `json:"key"`
 				Seq int    `json:"seq"`
 			}
-			_ = json.Unmarshal(d.Body, &body)
+			err := json.Unmarshal(d.Body, &body)
 			a.mu.Lock()
+			if err != nil || body.Key == "" {
+				a.unreadable++
+			}
 			if !a.seen[d.MessageId] {
 				a.seen[d.MessageId] = true
 				a.perKey[body.Key] = append(a.perKey[body.Key], body.Seq)
@@ -46,6 +51,12 @@ func consumeInOrder(ch *amqp.Channel, queue string) *arrivals {
 		}
 	}()
 	return a
+}
+
+func (a *arrivals) unreadableCount() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.unreadable
 }
 
 // of is how many events of key came.
@@ -137,6 +148,7 @@ var _ = Describe("Per-key ordering on the local cluster", Ordered, Label("e2e"),
 
 		Eventually(events.distinct, 3*time.Minute, time.Second).Should(Equal(keys*perKey), "every event of the free keys reaches the queue")
 		Expect(events.reordered()).To(BeZero(), "no first delivery comes after a later event of its key")
+		Expect(events.unreadableCount()).To(BeZero(), "every message is an event of a key")
 		var drainers int
 		Expect(services.DB.QueryRow(ctx, "SELECT count(DISTINCT claimed_by) FROM "+table+" WHERE published_at IS NOT NULL").Scan(&drainers)).To(Succeed())
 		// More heads than a batch: the pods claim different keys at once.
