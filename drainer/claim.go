@@ -80,12 +80,16 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 			if followUp || c.claim.Deferred > 0 {
 				wait = min(wait, lateCommitWindow)
 			}
-			if followUp = p.idle(ctx, wait, d.wake); followUp && d.cfg.WakeCoalesce > 0 {
+			if followUp = p.idle(ctx, wait, d.wake); followUp {
 				// Under a steady stream of commits every notification would
 				// be a claim of a row or two and a settle: a storm of tiny
-				// transactions in the application's database. The
-				// notifications of the next few milliseconds share a claim.
-				p.sleep(ctx, d.cfg.WakeCoalesce)
+				// transactions in the application's database. Claims woken
+				// by notifications start at most one per WakeCoalesce, and
+				// the notifications in between share the next; a wake-up
+				// after a quiet spell is claimed at once.
+				if gap := time.Until(c.started.Add(d.cfg.WakeCoalesce)); gap > 0 {
+					p.sleep(ctx, gap)
+				}
 			}
 		}
 	}
@@ -106,10 +110,11 @@ const lateCommitWindow = 20 * time.Millisecond
 // pendingClaim is one claim under way, of at most size rows; claim and err
 // are set when done closes.
 type pendingClaim struct {
-	done  chan struct{}
-	size  int
-	claim Claim
-	err   error
+	done    chan struct{}
+	started time.Time
+	size    int
+	claim   Claim
+	err     error
 }
 
 // claim runs phase 1 in the background. Shutdown does not cancel the
@@ -118,7 +123,7 @@ type pendingClaim struct {
 // Half a lease bounds it: a claim slower than that would leave too little
 // of the lease to publish its rows.
 func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
-	c := &pendingClaim{done: make(chan struct{})}
+	c := &pendingClaim{done: make(chan struct{}), started: time.Now()}
 	go func() {
 		defer close(c.done)
 		ctx, cancel := context.WithTimeout(hardStop, d.cfg.LeaseTTL/2)

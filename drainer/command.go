@@ -88,7 +88,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "how long a claim is held before another drainer may take it over")
 	fs.DurationVar(&c.PollInterval, "poll-interval", c.PollInterval, "wait between claims when the outbox is drained")
 	fs.DurationVar(&c.WakeCoalesce, "wake-coalesce", c.WakeCoalesce,
-		"after a notification, how long to wait for the commits that follow, so that they share a claim (0: claim at once)")
+		"least time between the starts of claims woken by notifications, so that a stream of commits shares claims; a notification after a quiet spell is claimed at once (0: claim at every notification)")
 	fs.DurationVar(&c.ConfirmTimeout, "confirm-timeout", c.ConfirmTimeout, "deadline of one publisher confirm (0: a third of --lease-ttl)")
 	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "failed attempts after which a row is poisoned")
 	fs.DurationVar(&c.RetryInitial, "retry-initial", c.RetryInitial, "backoff after a row's first failure")

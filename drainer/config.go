@@ -61,8 +61,9 @@ type Config struct {
 	// flight, settling them and releasing the rest.
 	ShutdownTimeout time.Duration
 	Retention       Retention
-	// WakeCoalesce is how long a claim woken by a notification waits for
-	// the commits that follow, so that they share it.
+	// WakeCoalesce is the least time between the starts of claims woken by
+	// notifications: the commits of a steady stream share a claim, and a
+	// lone commit after a quiet spell is claimed at once.
 	WakeCoalesce time.Duration
 	// MaxRate caps the events per second that all the drainers of the table
 	// publish together (0: no cap); each takes an equal share of it.

@@ -47,6 +47,48 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 		Consistently(func() int { return count(ctx, polled.Name, "published_at IS NOT NULL") }, time.Second).Should(BeZero(),
 			"without the trigger the row waits for the poll: the fast path above was the notification")
 	})
+
+	// notifiedDrainer starts a drainer on a table with the notify trigger and
+	// a 10 s poll, and waits until only a notification can wake it.
+	notifiedDrainer := func(ctx SpecContext, coalesce time.Duration) (TableSpec, *running) {
+		spec := canonicalOutbox(ctx)
+		_, err := InstallNotifyTrigger(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		cfg := testConfig(testenv.UniqueName("drainer"), spec, topology("#", nil).Exchange)
+		cfg.PollInterval, cfg.WakeCoalesce = 10*time.Second, coalesce
+		d := startDrainer(ctx, cfg)
+		Eventually(func() float64 { return testutil.ToFloat64(d.metrics.Listening) }, drainTimeout).Should(Equal(1.0))
+		Eventually(func() uint64 { return histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") }, drainTimeout).Should(BeNumerically(">=", 1))
+		return spec, d
+	}
+
+	It("claims a notification after a quiet spell at once, however long the coalescing window", func(ctx SpecContext) {
+		const coalesce = 2 * time.Second
+		spec, _ := notifiedDrainer(ctx, coalesce)
+		time.Sleep(coalesce) // the quiet spell: the last claim is a window ago
+		seed(ctx, spec.Name, 1)
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, coalesce/2, 5*time.Millisecond).Should(Equal(1),
+			"a wake-up after a quiet spell does not wait out the coalescing window")
+	})
+
+	It("shares claims among a stream of commits, one claim per coalescing window at most", func(ctx SpecContext) {
+		const coalesce, every, commits = 250 * time.Millisecond, 10 * time.Millisecond, 250
+		spec, d := notifiedDrainer(ctx, coalesce)
+		before := histogramCount(d.reg, "spillway_drainer_claim_duration_seconds")
+		start := time.Now()
+		for i := range commits {
+			time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
+			seed(ctx, spec.Name, 1) // one transaction, one notification
+		}
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(commits))
+		stream := time.Since(start)
+		claims := histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") - before
+		GinkgoWriter.Printf("%d commits over %s drained in %d claims\n", commits, stream.Round(time.Millisecond), claims)
+		// Each window's claim may be followed by one more for the commits
+		// that skipped notifying while another transaction notified.
+		Expect(claims).To(BeNumerically("<=", 2*uint64(stream/coalesce)+2),
+			"a claim per notification would be about %d claims", commits)
+	})
 })
 
 var _ = Describe("Retention", Label("integration"), func() {
