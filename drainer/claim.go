@@ -15,6 +15,7 @@ import (
 // a claim is in flight; and confirms are resolved while it waits for either.
 // It returns once ctx has ended.
 func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
+	defer d.hush.Close()
 	retry := newRetryBackoff()
 	var next *pendingClaim
 	// followUp is set after a wake-up: rows whose transactions skipped
@@ -45,6 +46,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 				continue
 			}
 			next = d.claim(hardStop)
+			next.woken = followUp
 		}
 		p.waitFor(next.done)
 		c := next
@@ -77,7 +79,12 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 		}
 		if !full {
 			wait := d.cfg.PollInterval
-			if followUp || c.claim.Deferred > 0 {
+			switch letGo := d.followStream(ctx, c); {
+			case d.hush.Held():
+				// Commits do not notify: the next claim comes a window
+				// after this one's start, as a notification's would.
+				wait = max(time.Until(c.started.Add(d.cfg.WakeCoalesce)), 0)
+			case followUp || letGo || c.claim.Deferred > 0:
 				wait = min(wait, lateCommitWindow)
 			}
 			if followUp = p.idle(ctx, wait, d.wake); followUp {
@@ -103,6 +110,28 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 	}
 }
 
+// followStream hushes the table's notifications while claims find rows
+// that commits keep bringing, and lets go once a claim finds none. It
+// reports whether it let go: commits that skipped notifying may land just
+// after the claim, and the next must follow soon. Only a notification
+// starts a hush, so a table without the trigger is polled as before; with
+// no coalescing window, every notification is claimed, as asked.
+func (d *Drainer) followStream(ctx context.Context, c *pendingClaim) (letGo bool) {
+	found := len(c.claim.Rows) > 0
+	switch {
+	case found && (c.woken || d.hush.Held()) && d.cfg.WakeCoalesce > 0:
+		if err := d.hush.Hush(ctx); err != nil {
+			d.log.Warn("Could not hush notifications while claiming on its own; commits keep notifying", "error", err)
+		}
+	case !found && d.hush.Held():
+		if err := d.hush.Unhush(ctx); err != nil {
+			d.log.Warn("Unhushing notifications failed; closed the session that held them", "error", err)
+		}
+		return true
+	}
+	return false
+}
+
 // lateCommitWindow is how soon a wake-up's claim is followed by another, and
 // an ordered claim that left rows due while their key's head was settled.
 const lateCommitWindow = 20 * time.Millisecond
@@ -112,9 +141,11 @@ const lateCommitWindow = 20 * time.Millisecond
 type pendingClaim struct {
 	done    chan struct{}
 	started time.Time
-	size    int
-	claim   Claim
-	err     error
+	// woken: the claim followed a notification.
+	woken bool
+	size  int
+	claim Claim
+	err   error
 }
 
 // claim runs phase 1 in the background. Shutdown does not cancel the

@@ -75,9 +75,10 @@ type Drainer struct {
 	wake chan struct{}
 	// liveness is what /healthz reports.
 	liveness liveness
-	// pushback and strikes belong to the claim loop's goroutine.
+	// pushback, strikes and hush belong to the claim loop's goroutine.
 	pushback pushback
 	strikes  strikes
+	hush     *NotifyHush
 	// held are the claims in phases 2 and 3.
 	held heldClaims
 	// rotateBroker asks for a reconnect between batches: the broker URL
@@ -110,6 +111,7 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		liveness:    liveness{lease: cfg.LeaseTTL},
 		pushback:    pushback{backoff: newRetryBackoff()},
 		strikes:     strikes{},
+		hush:        store.NotifyHush(cfg.Table),
 		held:        heldClaims{tokens: map[int64]int{}},
 		rate:        newRateCap(cfg.MaxRate, cfg.BatchSize),
 	}

@@ -8,7 +8,10 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -88,6 +91,66 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 		// that skipped notifying while another transaction notified.
 		Expect(claims).To(BeNumerically("<=", 2*uint64(stream/coalesce)+2),
 			"a claim per notification would be about %d claims", commits)
+	})
+
+	It("hushes the notifications while a stream of commits keeps it claiming, and lets go when the stream stops or it does", func(ctx SpecContext) {
+		const coalesce, every, commits = 100 * time.Millisecond, 10 * time.Millisecond, 200
+		spec, d := notifiedDrainer(ctx, coalesce)
+		// A listener of the test's own counts what the commits notify.
+		listener, err := pgx.Connect(ctx, testenv.DatabaseURL())
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(func() { _ = listener.Close(context.Background()) })
+		_, err = listener.Exec(ctx, spec.Listen().SQL)
+		Expect(err).NotTo(HaveOccurred())
+		var notified atomic.Int64
+		listenCtx, stopListening := context.WithCancel(context.Background())
+		listening := make(chan struct{})
+		go func() {
+			defer close(listening)
+			for listenCtx.Err() == nil {
+				if _, err := listener.WaitForNotification(listenCtx); err == nil {
+					notified.Add(1)
+				}
+			}
+		}()
+		DeferCleanup(func() { stopListening(); <-listening })
+
+		start := time.Now()
+		var duringStream int64
+		for i := range commits {
+			if i == commits/4 { // the stream is under way: from here on, hushed
+				duringStream = notified.Load()
+			}
+			time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
+			seed(ctx, spec.Name, 1)
+		}
+		duringStream = notified.Load() - duringStream
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(commits))
+		GinkgoWriter.Printf("%d of the last %d commits of the stream notified\n", duringStream, commits*3/4)
+		Expect(duringStream).To(BeNumerically("<", commits/20),
+			"a drainer claiming every window on its own hushes the commits' notifications")
+
+		By("after the stream, commits notify again and a lone one is claimed at once")
+		time.Sleep(time.Second)
+		before := notified.Load()
+		seed(ctx, spec.Name, 1)
+		Eventually(notified.Load, time.Second, 5*time.Millisecond).Should(BeNumerically(">", before))
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, time.Second, 5*time.Millisecond).Should(Equal(commits + 1))
+
+		By("a drainer that stops while hushed leaves no hush behind")
+		for range 20 {
+			seed(ctx, spec.Name, 1)
+			time.Sleep(every)
+		}
+		Eventually(func() int {
+			return count(ctx, "pg_locks", `locktype = 'advisory' AND mode = 'ShareLock' AND granted
+				AND classid::bigint = hashtext('spillway.notify')::bigint & 4294967295 AND objid::bigint = hashtext($1)::bigint & 4294967295`, spec.NotifyChannel())
+		}).Should(Equal(1), "the drainer holds the hush")
+		d.stop()
+		Eventually(d.exited, 30*time.Second).Should(BeClosed())
+		before = notified.Load()
+		seed(ctx, spec.Name, 1)
+		Eventually(notified.Load, time.Second, 5*time.Millisecond).Should(BeNumerically(">", before))
 	})
 })
 

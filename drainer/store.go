@@ -408,5 +408,76 @@ func (s *Store) Listen(ctx context.Context, spec TableSpec, listening, notified 
 	}
 }
 
+// NotifyHush is a session of its own on which a drainer that claims on its
+// own holds the notify trigger's lock in shared mode, so that commits into
+// the table skip notifying. The session ending lets go of the lock, so a
+// drainer that dies leaves no hush behind. Claim loop only.
+type NotifyHush struct {
+	pool *pgxpool.Pool
+	spec TableSpec
+	conn *pgx.Conn
+	held bool
+}
+
+// NotifyHush returns the hush of spec's notifications, not yet held.
+func (s *Store) NotifyHush(spec TableSpec) *NotifyHush { return &NotifyHush{pool: s.pool, spec: spec} }
+
+// hushTimeout bounds a hush statement: the lock is only tried, never waited for.
+const hushTimeout = time.Second
+
+// Held reports whether commits are hushed by this drainer.
+func (h *NotifyHush) Held() bool { return h.held }
+
+// Hush tries the lock; a transaction notifying at that moment holds it, and
+// then commits keep notifying until the next try.
+func (h *NotifyHush) Hush(ctx context.Context) error {
+	if h.held {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, hushTimeout)
+	defer cancel()
+	if h.conn == nil {
+		pc, err := h.pool.Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		// Hijacked, it leaves the pool: the lock is the session's, and must
+		// not go with it to a claim.
+		h.conn = pc.Hijack()
+	}
+	stmt := h.spec.NotifyHush()
+	if err := h.conn.QueryRow(ctx, stmt.SQL, stmt.Args...).Scan(&h.held); err != nil {
+		h.Close()
+		return fmt.Errorf("hush notifications on %s: %w", h.spec.NotifyChannel(), err)
+	}
+	return nil
+}
+
+// Unhush lets go of the lock; if that fails, closing the session does.
+func (h *NotifyHush) Unhush(ctx context.Context) error {
+	if !h.held {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, hushTimeout)
+	defer cancel()
+	stmt := h.spec.NotifyUnhush()
+	if _, err := h.conn.Exec(ctx, stmt.SQL, stmt.Args...); err != nil {
+		h.Close()
+		return fmt.Errorf("unhush notifications on %s: %w", h.spec.NotifyChannel(), err)
+	}
+	h.held = false
+	return nil
+}
+
+// Close ends the session, and with it the hush.
+func (h *NotifyHush) Close() {
+	if h.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		defer cancel()
+		_ = h.conn.Close(ctx)
+	}
+	h.conn, h.held = nil, false
+}
+
 // Ping checks that the database answers.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
