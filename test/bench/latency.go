@@ -7,9 +7,13 @@ import (
 	"log"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/test/testenv"
 )
 
 var (
@@ -24,9 +28,11 @@ type latencyRun struct {
 	// p50s of the two legs: insert to claim, and claim to settle
 	// (publish, confirm, and the settle's start).
 	toClaim, toSettle time.Duration
-	rate              float64 // achieved insert rate
-	cpu               cpuUse  // while inserting, the bench's producers count as "drainer"
-	events            int
+	// notifications the commits sent, counted by a listener of the bench's
+	notifications int64
+	rate          float64 // achieved insert rate
+	cpu           cpuUse  // while inserting, the bench's producers count as "drainer"
+	events        int
 }
 
 // commitLatency inserts rows one transaction each, at a steady rate as an
@@ -51,6 +57,10 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 	stop := f.run(ctx)
 	defer stop()
 	time.Sleep(500 * time.Millisecond) // the drainer is up and idle
+	var notifications atomic.Int64
+	if notify {
+		defer countNotifications(ctx, spec, &notifications)()
+	}
 
 	// Several producers, as several application sessions: one alone waits
 	// on its own commit's WAL flush and could not keep the rate.
@@ -74,7 +84,7 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 		})
 	}
 	wg.Wait()
-	run := latencyRun{events: total, rate: float64(total) / time.Since(start).Seconds(), cpu: watch.stop(total).cpu}
+	run := latencyRun{events: total, rate: float64(total) / time.Since(start).Seconds(), cpu: watch.stop(total).cpu, notifications: notifications.Load()}
 	deadline := time.Now().Add(30 * time.Second)
 	for int(f.published()) < total {
 		if time.Now().After(deadline) {
@@ -118,6 +128,34 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 }
 
 func (r latencyRun) String() string {
-	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s; p50 insert→claim %.1f ms, claim→settle %.1f ms)  %s",
-		ms(r.p50), ms(r.p99), r.events, r.rate, ms(r.toClaim), ms(r.toSettle), r.cpu)
+	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s, %d notified; p50 insert→claim %.1f ms, claim→settle %.1f ms)  %s",
+		ms(r.p50), ms(r.p99), r.events, r.rate, r.notifications, ms(r.toClaim), ms(r.toSettle), r.cpu)
+}
+
+// countNotifications listens on spec's channel, as a drainer does, and
+// counts into n what the commits notify until the returned func is called.
+func countNotifications(ctx context.Context, spec drainer.TableSpec, n *atomic.Int64) (stop func()) {
+	conn, err := pgx.Connect(ctx, testenv.DatabaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, spec.Listen().SQL); err != nil {
+		log.Fatal(err)
+	}
+	listenCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := conn.WaitForNotification(listenCtx); err != nil {
+				return
+			}
+			n.Add(1)
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		_ = conn.Close(context.WithoutCancel(ctx))
+	}
 }
