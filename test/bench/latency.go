@@ -25,10 +25,10 @@ var (
 // latencyRun is one commit-to-publish latency measurement.
 type latencyRun struct {
 	p50, p99 time.Duration
-	// p50s of the two legs: insert to claim, and claim to settle
+	// p50 and p99 of the two legs: insert to claim, and claim to settle
 	// (publish, confirm, and the settle's start).
-	toClaim, toSettle time.Duration
-	// notifications the commits sent, counted by a listener of the bench's
+	toClaim, toSettle [2]time.Duration
+	// notifications the commits sent, counted by the bench's own listener
 	notifications int64
 	rate          float64 // achieved insert rate
 	cpu           cpuUse  // while inserting, the bench's producers count as "drainer"
@@ -97,10 +97,14 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 	var parts []float64
 	if err := b.pool.QueryRow(ctx, `SELECT ARRAY[
 		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - enqueued_at)),
-		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - claimed_at))] FROM `+spec.Name).Scan(&parts); err != nil {
+		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM claimed_at - enqueued_at)),
+		percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - claimed_at)),
+		percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM published_at - claimed_at))] FROM `+spec.Name).Scan(&parts); err != nil {
 		log.Fatal(err)
 	}
-	run.toClaim, run.toSettle = time.Duration(parts[0]*float64(time.Second)), time.Duration(parts[1]*float64(time.Second))
+	seconds := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
+	run.toClaim = [2]time.Duration{seconds(parts[0]), seconds(parts[1])}
+	run.toSettle = [2]time.Duration{seconds(parts[2]), seconds(parts[3])}
 	rows, err := b.pool.Query(ctx, "SELECT id::text, published_at FROM "+spec.Name)
 	if err != nil {
 		log.Fatal(err)
@@ -128,8 +132,8 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 }
 
 func (r latencyRun) String() string {
-	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s, %d notified; p50 insert→claim %.1f ms, claim→settle %.1f ms)  %s",
-		ms(r.p50), ms(r.p99), r.events, r.rate, r.notifications, ms(r.toClaim), ms(r.toSettle), r.cpu)
+	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s, %d notified; p50/p99 insert→claim %.1f/%.1f ms, claim→settle %.1f/%.1f ms)  %s",
+		ms(r.p50), ms(r.p99), r.events, r.rate, r.notifications, ms(r.toClaim[0]), ms(r.toClaim[1]), ms(r.toSettle[0]), ms(r.toSettle[1]), r.cpu)
 }
 
 // countNotifications listens on spec's channel, as a drainer does, and
