@@ -121,7 +121,7 @@ func (d *Drainer) followStream(ctx context.Context, c *pendingClaim) (letGo bool
 	switch {
 	case found && (c.woken || d.hush.Held()) && d.cfg.WakeCoalesce > 0:
 		if err := d.hush.Hush(ctx); err != nil {
-			d.log.Warn("Could not hush notifications while claiming on its own; commits keep notifying", "error", err)
+			d.log.Warn("Could not hush notifications while claiming on its own; commits keep notifying, next try in a minute", "error", err)
 		}
 	case !found && d.hush.Held():
 		if err := d.hush.Unhush(ctx); err != nil {

@@ -130,24 +130,40 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 		Expect(duringStream).To(BeNumerically("<", commits/20),
 			"a drainer claiming every window on its own hushes the commits' notifications")
 
-		By("after the stream, commits notify again and a lone one is claimed at once")
-		time.Sleep(time.Second)
+		// The drainer's hush, as Postgres sees it: its shared hold on the
+		// trigger's lock.
+		hushes := func() int {
+			return count(ctx, "pg_locks", `locktype = 'advisory' AND mode = 'ShareLock' AND granted
+				AND classid::bigint = hashtext('spillway.notify')::bigint & 4294967295 AND objid::bigint = hashtext($1)::bigint & 4294967295`, spec.NotifyChannel())
+		}
+
+		By("after the stream, the drainer lets go, commits notify again and a lone one is claimed at once")
+		Eventually(hushes, drainTimeout).Should(BeZero())
 		before := notified.Load()
 		seed(ctx, spec.Name, 1)
 		Eventually(notified.Load, time.Second, 5*time.Millisecond).Should(BeNumerically(">", before))
 		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, time.Second, 5*time.Millisecond).Should(Equal(commits + 1))
 
 		By("a drainer that stops while hushed leaves no hush behind")
-		for range 20 {
-			seed(ctx, spec.Name, 1)
-			time.Sleep(every)
-		}
-		Eventually(func() int {
-			return count(ctx, "pg_locks", `locktype = 'advisory' AND mode = 'ShareLock' AND granted
-				AND classid::bigint = hashtext('spillway.notify')::bigint & 4294967295 AND objid::bigint = hashtext($1)::bigint & 4294967295`, spec.NotifyChannel())
-		}).Should(Equal(1), "the drainer holds the hush")
+		streaming, streamed := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer GinkgoRecover()
+			defer close(streamed)
+			for {
+				select {
+				case <-streaming:
+					return
+				case <-time.After(every):
+					seed(ctx, spec.Name, 1)
+				}
+			}
+		}()
+		Eventually(hushes, drainTimeout).Should(Equal(1), "the drainer hushes the new stream")
 		d.stop()
 		Eventually(d.exited, 30*time.Second).Should(BeClosed())
+		close(streaming)
+		<-streamed
+		Expect(hushes()).To(BeZero())
 		before = notified.Load()
 		seed(ctx, spec.Name, 1)
 		Eventually(notified.Load, time.Second, 5*time.Millisecond).Should(BeNumerically(">", before))

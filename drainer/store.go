@@ -417,13 +417,22 @@ type NotifyHush struct {
 	spec TableSpec
 	conn *pgx.Conn
 	held bool
+	// quietUntil: after a failure, no try before then, so that a database
+	// refusing sessions is not asked for one at every claim.
+	quietUntil time.Time
 }
 
 // NotifyHush returns the hush of spec's notifications, not yet held.
 func (s *Store) NotifyHush(spec TableSpec) *NotifyHush { return &NotifyHush{pool: s.pool, spec: spec} }
 
-// hushTimeout bounds a hush statement: the lock is only tried, never waited for.
-const hushTimeout = time.Second
+const (
+	// hushTimeout bounds a hush statement: the lock is only tried, never
+	// waited for.
+	hushTimeout = time.Second
+	// hushRetry is how long a failed hush waits before the next try;
+	// meanwhile commits notify, as without it.
+	hushRetry = time.Minute
+)
 
 // Held reports whether commits are hushed by this drainer.
 func (h *NotifyHush) Held() bool { return h.held }
@@ -431,7 +440,7 @@ func (h *NotifyHush) Held() bool { return h.held }
 // Hush tries the lock; a transaction notifying at that moment holds it, and
 // then commits keep notifying until the next try.
 func (h *NotifyHush) Hush(ctx context.Context) error {
-	if h.held {
+	if h.held || time.Now().Before(h.quietUntil) {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, hushTimeout)
@@ -439,7 +448,8 @@ func (h *NotifyHush) Hush(ctx context.Context) error {
 	if h.conn == nil {
 		pc, err := h.pool.Acquire(ctx)
 		if err != nil {
-			return err
+			h.quietUntil = time.Now().Add(hushRetry)
+			return fmt.Errorf("hush notifications on %s: %w", h.spec.NotifyChannel(), err)
 		}
 		// Hijacked, it leaves the pool: the lock is the session's, and must
 		// not go with it to a claim.
@@ -448,6 +458,7 @@ func (h *NotifyHush) Hush(ctx context.Context) error {
 	stmt := h.spec.NotifyHush()
 	if err := h.conn.QueryRow(ctx, stmt.SQL, stmt.Args...).Scan(&h.held); err != nil {
 		h.Close()
+		h.quietUntil = time.Now().Add(hushRetry)
 		return fmt.Errorf("hush notifications on %s: %w", h.spec.NotifyChannel(), err)
 	}
 	return nil
