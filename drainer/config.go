@@ -96,11 +96,13 @@ func DefaultConfig() Config {
 		Table:  TableSpec{Name: "public.outbox"},
 		Broker: BrokerConfig{ExchangeType: "topic"},
 		// Measured in make bench: batches of 500 halve the statements per
-		// event against 100 and cost Postgres a fifth less per event, and
-		// 100 confirms in flight is the most a 30 s lease allows.
+		// event against 100 and cost Postgres a fifth less per event; 256
+		// confirms in flight drain as fast as the best tuned run, where 100
+		// reached 0.83 of it and 200 0.91. The lease rule then asks for
+		// 76.8 s of lease.
 		BatchSize:       500,
-		PipelineDepth:   100,
-		LeaseTTL:        30 * time.Second,
+		PipelineDepth:   256,
+		LeaseTTL:        80 * time.Second,
 		PollInterval:    time.Second,
 		WakeCoalesce:    10 * time.Millisecond,
 		MaxAttempts:     10,

@@ -42,7 +42,7 @@ var _ = Describe("Config validation", func() {
 		Entry("two routing key sources", func(c *Config) { c.Table.RoutingKey = RoutingKey{Column: "kind", Constant: "x"} },
 			"database.routingKey: Invalid value"),
 		Entry("a confirm timeout as long as the lease", func(c *Config) { c.ConfirmTimeout = c.LeaseTTL },
-			`confirmTimeout: Invalid value: "30s": must be 0 (a third of leaseTTL) or positive and shorter than leaseTTL 30s`),
+			`confirmTimeout: Invalid value: "1m20s": must be 0 (a third of leaseTTL) or positive and shorter than leaseTTL 1m20s`),
 		Entry("a retry cap under the initial backoff", func(c *Config) { c.RetryMax = time.Millisecond },
 			`retryBackoff.max: Invalid value: "1ms": must be at least retryBackoff.initial 1s`),
 		Entry("no drainer ID", func(c *Config) { c.DrainerID = "" }, "drainerID: Required value"),
@@ -77,6 +77,7 @@ var _ = Describe("Config validation", func() {
 
 	It("defaults the confirm deadline to a third of the lease, always shorter than it", func() {
 		c := valid()
+		c.LeaseTTL = 30 * time.Second
 		Expect(c.confirmTimeout()).To(Equal(10 * time.Second))
 	})
 })

@@ -147,7 +147,7 @@ var _ = Describe("The OutboxDrainer schema", Label("integration"), func() {
 		Entry("batchSize 0", set("batchSize", int64(0)), "spec.batchSize: Invalid value: 0: spec.batchSize in body should be greater than or equal to 1"),
 		Entry("pipelineDepth 0", set("pipelineDepth", int64(0)), "spec.pipelineDepth"),
 		Entry("a lease too short for the default pipeline depth", set("leaseTTL", "10s"),
-			"spec.leaseTTL: Invalid value: leaseTTL 10s is too short: the lease rule is leaseTTL >= 3 × pipelineDepth × 100ms = 30000ms for pipelineDepth 100"),
+			"spec.leaseTTL: Invalid value: leaseTTL 10s is too short: the lease rule is leaseTTL >= 3 × pipelineDepth × 100ms = 76800ms for pipelineDepth 256"),
 		Entry("a lease too short for its pipeline depth", all(set("pipelineDepth", int64(5)), set("leaseTTL", "1499ms")),
 			"leaseTTL 1499ms is too short: the lease rule is leaseTTL >= 3 × pipelineDepth × 100ms = 1500ms for pipelineDepth 5"),
 		Entry("a missing secret key", unset("database.urlSecretRef.key"), "spec.database.urlSecretRef.key: Required value"),

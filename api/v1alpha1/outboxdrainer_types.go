@@ -314,7 +314,7 @@ type OutboxDrainerSpec struct {
 	// PipelineDepth is the number of publisher confirms in flight at most.
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=100000
-	// +kubebuilder:default=100
+	// +kubebuilder:default=256
 	// +optional
 	PipelineDepth int32 `json:"pipelineDepth,omitempty"`
 	// LeaseTTL is how long a claim is held before another drainer may take
@@ -322,7 +322,7 @@ type OutboxDrainerSpec struct {
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:MaxLength=32
-	// +kubebuilder:default="30s"
+	// +kubebuilder:default="80s"
 	// +optional
 	LeaseTTL metav1.Duration `json:"leaseTTL,omitzero"`
 	// PollInterval is the wait between claims when the outbox is drained.

@@ -53,6 +53,7 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 	// Both runs start from a checkpoint, so neither inherits one owed to
 	// the WAL that earlier runs wrote.
 	b.exec(ctx, "CHECKPOINT")
+	quiesce("latency run")
 	f := b.newFleet(ctx, spec, 1, func(c *drainer.Config) { c.WakeCoalesce = coalesce })
 	stop := f.run(ctx)
 	defer stop()

@@ -103,11 +103,13 @@ func main() {
 		targets = append(targets, b.throughput(ctx)...)
 	}
 	if sections["neighbour"] {
+		quiesce("neighbour")
 		targets = append(targets, b.goodNeighbour(ctx)...)
 	}
 	// Latency before the claim runs, whose million-row tables leave
 	// checkpoints and vacuums behind.
 	if sections["latency"] {
+		quiesce("latency")
 		targets = append(targets, b.latency(ctx)...)
 	}
 	if sections["claims"] {
@@ -317,6 +319,7 @@ func (b *bench) payload() []byte {
 // message_id, type, app_id, the row's timestamp), which tells whether the
 // broker's cost per message is in them.
 func (b *bench) ceiling(ctx context.Context, properties bool) run {
+	quiesce("ceiling")
 	log.Printf("publishing the ceiling (drainer's properties: %t)", properties)
 	defer log.Printf("published")
 	ch, err := b.conn.Channel()
@@ -448,6 +451,7 @@ func (b *bench) seed(ctx context.Context, spec drainer.TableSpec, pending, stale
 // drain runs n drainer processes' worth of drainers, each with its own pool,
 // until every row is published.
 func (b *bench) drain(ctx context.Context, spec drainer.TableSpec, n int, tweak func(*drainer.Config)) run {
+	quiesce("drain")
 	log.Printf("draining with %d drainer(s)", n)
 	defer log.Printf("drained")
 	fleet := b.newFleet(ctx, spec, n, tweak)
@@ -464,6 +468,7 @@ func (b *bench) drain(ctx context.Context, spec drainer.TableSpec, n int, tweak 
 
 // drainNaive runs the naive drainer until events rows are published.
 func (b *bench) drainNaive(ctx context.Context, spec drainer.TableSpec, events int) run {
+	quiesce("naive drain")
 	log.Printf("draining with the naive drainer")
 	defer log.Printf("drained")
 	watch := startWatch(b.pool)

@@ -152,6 +152,7 @@ type drain struct {
 func (b *bench) neighbourRun(ctx context.Context, app *pgxpool.Pool, spec drainer.TableSpec, start func() drain) neighbourRun {
 	b.seed(ctx, spec, *neighbourBacklog, 0)
 	b.exec(ctx, "CHECKPOINT") // every run starts owing no checkpoint
+	quiesce("good-neighbour run")
 	d := drain{published: func() int { return 0 }, stop: func() {}}
 	if start != nil {
 		d = start()

@@ -296,20 +296,20 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 			})
 		})
 
-		It("releases at once the claims of a drainer pod force-deleted while its node hangs: with leaseTTL 60s, they are published within 5s", func(ctx SpecContext) {
+		It("releases at once the claims of a drainer pod force-deleted while its node hangs: with leaseTTL 3m, they are published within 5s", func(ctx SpecContext) {
 			// A lease long enough that only the operator's release can
 			// explain a quick recovery.
-			mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"leaseTTL":"60s"}}`)
+			mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"leaseTTL":"3m"}}`)
 			Eventually(func(g Gomega) {
 				list := pods(ctx, shop, drainerLabels)
 				g.Expect(list).To(HaveLen(2))
 				for _, p := range list {
 					g.Expect(ready(p)).To(BeTrue())
-					g.Expect(p.Spec.Containers[0].Args).To(ContainElement("--lease-ttl=1m0s"))
+					g.Expect(p.Spec.Containers[0].Args).To(ContainElement("--lease-ttl=3m0s"))
 				}
 			}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
 			var victim string
-			f := check(ctx, "drainer pod force-deleted, its process frozen, leaseTTL 60s", func(ctx context.Context, f *fault) {
+			f := check(ctx, "drainer pod force-deleted, its process frozen, leaseTTL 3m", func(ctx context.Context, f *fault) {
 				var claimed []string
 				victim, claimed = drainerWithClaims(ctx, outbox)
 				// A hung node: the process runs no more and releases nothing.
@@ -317,7 +317,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				mustRun("kubectl", "delete", "pod", victim, "--namespace", shop, "--grace-period=0", "--force")
 				f.inject("%s frozen (SIGSTOP), then force-deleted, holding %d claims", victim, len(claimed))
 				// The operator sees the pod gone and releases its claims;
-				// the lease alone would hold them for a minute.
+				// the lease alone would hold them for three minutes.
 				Eventually(func() (int, error) { claims, err := outbox.Claims(ctx); return claims[victim], err },
 					time.Minute, 20*time.Millisecond).Should(BeZero())
 				f.timeline.Mark("%s holds no claim any more", victim)
