@@ -97,27 +97,29 @@ func (w stopwatch) stop(events int) run {
 		use.seconds[p.group] += p.seconds - w.cpu[pid].seconds // a new process started from 0
 	}
 	wal := readWAL(w.db)
-	wal.bytes, wal.syncs = wal.bytes-w.wal.bytes, wal.syncs-w.wal.syncs
+	wal.bytes, wal.fpi, wal.syncs = wal.bytes-w.wal.bytes, wal.fpi-w.wal.fpi, wal.syncs-w.wal.syncs
 	return run{rate: float64(events) / use.wall.Seconds(), cpu: use, wal: wal, events: events}
 }
 
-// walUse is the WAL written and the WAL syncs made, from pg_stat_wal.
-type walUse struct{ bytes, syncs float64 }
+// walUse is the WAL written, the full-page images in it (a page's first
+// change after a checkpoint logs the whole page), and the WAL syncs made,
+// from pg_stat_wal.
+type walUse struct{ bytes, fpi, syncs float64 }
 
 func readWAL(db *pgxpool.Pool) walUse {
 	var w walUse
-	if err := db.QueryRow(context.Background(), "SELECT wal_bytes::float8, wal_sync::float8 FROM pg_stat_wal").Scan(&w.bytes, &w.syncs); err != nil {
+	if err := db.QueryRow(context.Background(), "SELECT wal_bytes::float8, wal_fpi::float8, wal_sync::float8 FROM pg_stat_wal").Scan(&w.bytes, &w.fpi, &w.syncs); err != nil {
 		log.Fatalf("read pg_stat_wal: %v", err)
 	}
 	return w
 }
 
-func (w walUse) add(o walUse) walUse { return walUse{w.bytes + o.bytes, w.syncs + o.syncs} }
+func (w walUse) add(o walUse) walUse { return walUse{w.bytes + o.bytes, w.fpi + o.fpi, w.syncs + o.syncs} }
 
 // per1000 is the WAL per 1,000 events.
 func (w walUse) per1000(events int) string {
 	k := float64(events) / 1000
-	return fmt.Sprintf("WAL/1k events: %4.0f kB, %5.1f syncs", w.bytes/k/1024, w.syncs/k)
+	return fmt.Sprintf("WAL/1k events: %4.0f kB, %4.0f full pages, %5.1f syncs", w.bytes/k/1024, w.fpi/k, w.syncs/k)
 }
 
 func (u cpuUse) add(o cpuUse) cpuUse {

@@ -127,8 +127,9 @@ func (n *neighbours) report(none *neighbours) {
 	// All the WAL of the run, the application's and the drain's: what the
 	// application's commits wait to flush.
 	wal := n.median(func(r neighbourRun) float64 { return r.wal.bytes / 1024 / r.wall.Seconds() })
+	fpi := n.median(func(r neighbourRun) float64 { return r.wal.fpi / r.wall.Seconds() })
 	syncs := n.median(func(r neighbourRun) float64 { return r.wal.syncs / r.wall.Seconds() })
-	line += fmt.Sprintf("  WAL %6.0f kB/s, %4.0f syncs/s", wal, syncs)
+	line += fmt.Sprintf("  WAL %6.0f kB/s, %4.0f full pages/s, %4.0f syncs/s", wal, fpi, syncs)
 	var empty []string
 	for i, r := range n.runs {
 		if r.ranEmpty {
