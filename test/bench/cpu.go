@@ -114,7 +114,9 @@ func readWAL(db *pgxpool.Pool) walUse {
 	return w
 }
 
-func (w walUse) add(o walUse) walUse { return walUse{w.bytes + o.bytes, w.fpi + o.fpi, w.syncs + o.syncs} }
+func (w walUse) add(o walUse) walUse {
+	return walUse{w.bytes + o.bytes, w.fpi + o.fpi, w.syncs + o.syncs}
+}
 
 // per1000 is the WAL per 1,000 events.
 func (w walUse) per1000(events int) string {
