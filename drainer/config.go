@@ -100,10 +100,10 @@ func DefaultConfig() Config {
 		// confirms in flight drain as fast as the best tuned run, where 100
 		// reached 0.83 of it and 200 0.91. The lease rule then asks for
 		// 76.8 s of lease.
-		BatchSize:       500,
-		PipelineDepth:   256,
-		LeaseTTL:        80 * time.Second,
-		PollInterval:    time.Second,
+		BatchSize:     500,
+		PipelineDepth: 256,
+		LeaseTTL:      80 * time.Second,
+		PollInterval:  time.Second,
 		// At 1,000 commits/s in make bench, 8 ms kept commit → published
 		// p50 at 8.3–8.6 ms and Postgres within 1.1–1.3 × polling; 10 ms
 		// put p50 at 8.7–10.2 ms, on the 10 ms target.
