@@ -103,13 +103,11 @@ func main() {
 		targets = append(targets, b.throughput(ctx)...)
 	}
 	if sections["neighbour"] {
-		quiesce("neighbour")
 		targets = append(targets, b.goodNeighbour(ctx)...)
 	}
 	// Latency before the claim runs, whose million-row tables leave
 	// checkpoints and vacuums behind.
 	if sections["latency"] {
-		quiesce("latency")
 		targets = append(targets, b.latency(ctx)...)
 	}
 	if sections["claims"] {
