@@ -69,6 +69,15 @@ func readCPU() map[string]processCPU {
 	return out
 }
 
+// cpuSince is the CPU seconds each group spent since before was read.
+func cpuSince(before map[string]processCPU) cpuTimes {
+	spent := make(cpuTimes, len(cpuGroups))
+	for pid, p := range readCPU() {
+		spent[p.group] += p.seconds - before[pid].seconds // a new process started from 0
+	}
+	return spent
+}
+
 // cpuUse is the CPU each group used over a stretch of wall time.
 type cpuUse struct {
 	seconds cpuTimes
@@ -92,10 +101,7 @@ func startWatch(db *pgxpool.Pool) stopwatch {
 // backend that exits takes its CPU time out of /proc with it. events is
 // how many the stretch moved.
 func (w stopwatch) stop(events int) run {
-	use := cpuUse{seconds: make(cpuTimes, len(cpuGroups)), wall: time.Since(w.start)}
-	for pid, p := range readCPU() {
-		use.seconds[p.group] += p.seconds - w.cpu[pid].seconds // a new process started from 0
-	}
+	use := cpuUse{seconds: cpuSince(w.cpu), wall: time.Since(w.start)}
 	wal := readWAL(w.db)
 	wal.bytes, wal.fpi, wal.syncs = wal.bytes-w.wal.bytes, wal.fpi-w.wal.fpi, wal.syncs-w.wal.syncs
 	return run{rate: float64(events) / use.wall.Seconds(), cpu: use, wal: wal, events: events}
@@ -144,11 +150,11 @@ func (u cpuUse) String() string {
 	return "cpu: " + strings.Join(parts, ", ")
 }
 
-// quiesce waits until the broker and the database are idle, so a section
-// does not pay for the background work an earlier one left behind: a
-// purged queue's clean-up, vacuums, checkpoints. Measured with both at
-// rest, the latency section's p99 was a third of what it was straight
-// after the throughput and neighbour sections.
+// quiesce waits until the broker and the database are idle, so a run does
+// not pay for the background work an earlier one left behind: a purged
+// queue's clean-up, vacuums, checkpoints. Measured with both at rest, the
+// latency section's p99 was a third of what it was straight after the
+// throughput and neighbour sections.
 func quiesce(what string) {
 	const (
 		sample  = 500 * time.Millisecond
@@ -159,11 +165,8 @@ func quiesce(what string) {
 	for time.Since(start) < longest {
 		before := readCPU()
 		time.Sleep(sample)
-		busy := make(cpuTimes, len(cpuGroups))
-		for pid, p := range readCPU() {
-			busy[p.group] += p.seconds - before[pid].seconds
-		}
-		if busy[groupBroker] <= idle*sample.Seconds() && busy[groupDatabase] <= idle*sample.Seconds() {
+		busy, most := cpuSince(before), idle*sample.Seconds()
+		if busy[groupBroker] <= most && busy[groupDatabase] <= most {
 			if waited := time.Since(start); waited > 2*sample {
 				log.Printf("%s: waited %s for the broker and the database to go idle", what, waited.Round(100*time.Millisecond))
 			}
