@@ -41,20 +41,23 @@ var _ = Describe("spillway drain flags", func() {
 		Expect(cfg.ShutdownTimeout.String()).To(Equal("30s"))
 		Expect(cfg.MaxClaimBytes).To(Equal(int64(8 << 20)))
 		Expect(cfg.MaxPipelineBytes).To(Equal(int64(16 << 20)))
+		Expect(cfg.Broker.MessageProperties).To(Equal(FullProperties))
 		Expect(cfg.Retention.Published).To(BeNil(), "kept forever unless set")
 		Expect(cfg.Retention.UnpublishedMaxAge).To(BeNil())
 	})
 
-	It("takes secrets as files and retention windows as durations", func() {
+	It("takes secrets as files, retention windows as durations and the message properties by name", func() {
 		cfg := DefaultConfig()
 		fs := newFlagSet(&cfg)
 		Expect(fs.Parse([]string{"--database-url-file=/var/run/secrets/db/url", "--broker-url-file=/var/run/secrets/amqp/url",
-			"--retention-published=168h", "--retention-unpublished-max-age=720h", "--shutdown-timeout=10s"})).To(Succeed())
+			"--retention-published=168h", "--retention-unpublished-max-age=720h", "--shutdown-timeout=10s",
+			"--message-properties=compact"})).To(Succeed())
 		Expect(cfg.Database.File).To(Equal("/var/run/secrets/db/url"))
 		Expect(cfg.Broker.File).To(Equal("/var/run/secrets/amqp/url"))
 		Expect(*cfg.Retention.Published).To(Equal(168 * time.Hour))
 		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
 		Expect(cfg.ShutdownTimeout).To(Equal(10 * time.Second))
+		Expect(cfg.Broker.MessageProperties).To(Equal(CompactProperties))
 	})
 
 	It("refuses a zero retention window given as a flag", func() {

@@ -57,6 +57,8 @@ var _ = Describe("Config validation", func() {
 		}, `retention.unpublishedMaxAge: Invalid value: "-1h0m0s": must be greater than 0`),
 		Entry("a wake coalescing window as long as the poll interval", func(c *Config) { c.WakeCoalesce = c.PollInterval },
 			`wakeCoalesce: Invalid value: "1s": must be 0 (claim at once) or positive and shorter than pollInterval 1s`),
+		Entry("message properties neither full nor compact", func(c *Config) { c.Broker.MessageProperties = "lean" },
+			`broker.messageProperties: Unsupported value: "lean": supported values: "full", "compact"`),
 		Entry("a zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, `shutdownTimeout: Invalid value: "0s": must be greater than 0`),
 		Entry("the default exchange without mandatory, which drops unroutable rows and marks them published",
 			func(c *Config) { c.Broker.Exchange, c.Broker.Mandatory = "", false },

@@ -61,11 +61,11 @@ type batch struct {
 
 // Drainer runs the three-phase loop for one drainer ID.
 type Drainer struct {
-	cfg         Config
-	store       *Store
-	metrics     *Metrics
-	log         *slog.Logger
-	contentType string
+	cfg     Config
+	store   *Store
+	metrics *Metrics
+	log     *slog.Logger
+	message messageShape
 	// broker is owned by the goroutine running the claim loop; current is
 	// the same channel, for the readiness probe.
 	broker  *brokerChannel
@@ -102,18 +102,18 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		contentType = contentTypeFor(store.Table().PayloadType())
 	}
 	d := &Drainer{
-		cfg:         cfg,
-		store:       store,
-		metrics:     metrics,
-		log:         log.With("table", store.Table().Name()),
-		contentType: contentType,
-		wake:        make(chan struct{}, 1),
-		liveness:    liveness{lease: cfg.LeaseTTL},
-		pushback:    pushback{backoff: newRetryBackoff()},
-		strikes:     strikes{},
-		hush:        store.NotifyHush(cfg.Table),
-		held:        heldClaims{tokens: map[int64]int{}},
-		rate:        newRateCap(cfg.MaxRate, cfg.BatchSize),
+		cfg:      cfg,
+		store:    store,
+		metrics:  metrics,
+		log:      log.With("table", store.Table().Name()),
+		message:  messageShape{contentType: contentType, properties: cfg.Broker.MessageProperties},
+		wake:     make(chan struct{}, 1),
+		liveness: liveness{lease: cfg.LeaseTTL},
+		pushback: pushback{backoff: newRetryBackoff()},
+		strikes:  strikes{},
+		hush:     store.NotifyHush(cfg.Table),
+		held:     heldClaims{tokens: map[int64]int{}},
+		rate:     newRateCap(cfg.MaxRate, cfg.BatchSize),
 	}
 	d.liveness.beat(0)
 	return d, nil

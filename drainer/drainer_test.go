@@ -75,6 +75,27 @@ var _ = Describe("Draining", Label("integration"), func() {
 		Expect(m.Headers).To(Equal(amqp.Table{"tenant": "acme", "version": int64(2)}))
 		Expect(string(m.Body)).To(MatchJSON(`{"order": 7}`))
 	})
+
+	It("with compact properties, publishes the row id, routing key, headers and content type and nothing else", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("order.*", nil)
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, headers) VALUES ('order.created', '{"order": 7}', '{"tenant": "acme"}')`)
+		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		cfg.Broker.MessageProperties = CompactProperties
+		startDrainer(ctx, cfg)
+
+		msgs, err := testenv.Consume(amqpChannel(), topo.Queue, 1, 10*time.Second)
+		Expect(err).NotTo(HaveOccurred())
+		m := msgs[0]
+		Expect(m.MessageId).To(Equal(ids(ctx, spec.Name, "true")[0]))
+		Expect(m.RoutingKey).To(Equal("order.created"))
+		Expect(m.DeliveryMode).To(Equal(amqp.Persistent))
+		Expect(m.ContentType).To(Equal("application/json"))
+		Expect(m.Headers).To(Equal(amqp.Table{"tenant": "acme"}))
+		Expect(m.Timestamp.IsZero()).To(BeTrue())
+		Expect(m.Type).To(BeEmpty())
+		Expect(m.AppId).To(BeEmpty())
+	})
 })
 
 var _ = Describe("Leases", Label("integration"), func() {

@@ -23,7 +23,7 @@ const (
 	contentTypeJSON          = "application/json"
 	contentTypeBinary        = "application/octet-stream"
 	contentTypePlain         = "text/plain; charset=utf-8"
-	// appID is every message's app_id, so consumers can tell who sent it.
+	// appID is a full message's app_id, so consumers can tell who sent it.
 	appID = "spillway"
 	// maxShortString is AMQP's limit on a short string: routing keys,
 	// header keys and message properties. amqp091 closes the connection
@@ -64,10 +64,32 @@ func contentTypeFor(payloadType string) string {
 	}
 }
 
+// MessageProperties is which AMQP properties a message carries beside its
+// message_id, delivery mode, content type and headers.
+type MessageProperties string
+
+const (
+	// FullProperties adds the row's enqueue time as the timestamp, the
+	// routing key as the type (so consumers can route and audit without
+	// parsing the body) and spillway as the app_id.
+	FullProperties MessageProperties = "full"
+	// CompactProperties adds nothing. With a uuid id and no headers the
+	// properties then take 57 bytes, where full ones take over 64: RabbitMQ
+	// keeps a binary of at most 64 bytes on its process heap and a larger
+	// one off it, by reference, and in make bench it spends about a fifth
+	// less CPU on each message.
+	CompactProperties MessageProperties = "compact"
+)
+
+// messageShape is what a drainer puts on every message besides the row.
+type messageShape struct {
+	contentType string
+	properties  MessageProperties
+}
+
 // buildMessage turns a claimed row into its routing key and message, or says
-// why the row cannot be published. The routing key is also the message's
-// type, so consumers can route and audit without parsing the body.
-func buildMessage(row Row, contentType string, limits messageLimits) (string, amqp.Publishing, *rowFault) {
+// why the row cannot be published.
+func buildMessage(row Row, shape messageShape, limits messageLimits) (string, amqp.Publishing, *rowFault) {
 	if row.Payload == nil {
 		return "", amqp.Publishing{}, &rowFault{reasonOversized,
 			fmt.Sprintf("payload is %d bytes, over the %d-byte limit (maxPayloadBytes)", row.Size, limits.maxPayloadBytes)}
@@ -94,16 +116,17 @@ func buildMessage(row Row, contentType string, limits messageLimits) (string, am
 		return "", amqp.Publishing{}, &rowFault{reasonBadHeaders,
 			fmt.Sprintf("headers take %d bytes encoded, over the broker's frame size of %d", tableSize(headers), limits.frameMax)}
 	}
-	return key, amqp.Publishing{
+	msg := amqp.Publishing{
 		Headers:      headers,
-		ContentType:  contentType,
+		ContentType:  shape.contentType,
 		DeliveryMode: amqp.Persistent,
 		MessageId:    row.ID,
-		Timestamp:    row.EnqueuedAt,
-		Type:         key,
-		AppId:        appID,
 		Body:         row.Payload,
-	}, nil
+	}
+	if shape.properties != CompactProperties {
+		msg.Timestamp, msg.Type, msg.AppId = row.EnqueuedAt, key, appID
+	}
+	return key, msg, nil
 }
 
 // tableSize is the AMQP field-table encoding size of headers (what amqp091

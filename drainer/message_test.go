@@ -12,6 +12,7 @@ import (
 var _ = Describe("Building a message from a row", func() {
 	key := "order.created"
 	limits := messageLimits{maxPayloadBytes: 1024, frameMax: 131072}
+	full := messageShape{contentType: contentTypeJSON, properties: FullProperties}
 	row := func() Row {
 		return Row{ID: "42", Payload: []byte(`{"n":1}`), Size: 7, RoutingKey: &key,
 			Headers:    []byte(`{"tenant":"acme","version":3,"ratio":0.5,"tags":["a"],"trace":{"id":"t1"}}`),
@@ -19,7 +20,7 @@ var _ = Describe("Building a message from a row", func() {
 	}
 
 	It("is persistent and carries the row id, routing key, headers, content type, enqueue time, the event type as its type and spillway as its app_id", func() {
-		rk, msg, fault := buildMessage(row(), contentTypeJSON, limits)
+		rk, msg, fault := buildMessage(row(), full, limits)
 		Expect(fault).To(BeNil())
 		Expect(rk).To(Equal("order.created"))
 		Expect(msg.DeliveryMode).To(Equal(amqp.Persistent))
@@ -34,10 +35,27 @@ var _ = Describe("Building a message from a row", func() {
 		}))
 	})
 
+	It("with compact properties, carries no timestamp, type or app_id, and a uuid row's properties fit RabbitMQ's 64 bytes", func() {
+		r := row()
+		r.ID, r.Headers = "0b6f1c9e-5d0a-4c4e-9a57-3f2d8e1b7c60", nil
+		_, msg, fault := buildMessage(r, messageShape{contentType: contentTypeJSON, properties: CompactProperties}, limits)
+		Expect(fault).To(BeNil())
+		Expect(msg.MessageId).To(Equal(r.ID))
+		Expect(msg.DeliveryMode).To(Equal(amqp.Persistent))
+		Expect(msg.ContentType).To(Equal("application/json"))
+		Expect(msg.Timestamp.IsZero()).To(BeTrue())
+		Expect(msg.Type).To(BeEmpty())
+		Expect(msg.AppId).To(BeEmpty())
+		Expect(encodedProperties(msg)).To(BeNumerically("<=", 64))
+
+		_, msg, _ = buildMessage(r, full, limits)
+		Expect(encodedProperties(msg)).To(BeNumerically(">", 64), "what compact is for")
+	})
+
 	It("rejects headers that are not a JSON object as the row's fault", func() {
 		r := row()
 		r.Headers = []byte(`[1,2]`)
-		_, _, fault := buildMessage(r, contentTypeJSON, limits)
+		_, _, fault := buildMessage(r, full, limits)
 		Expect(fault).NotTo(BeNil())
 		Expect(fault.reason).To(Equal(reasonBadHeaders))
 		Expect(fault.detail).To(ContainSubstring("must be a JSON object"))
@@ -46,7 +64,7 @@ var _ = Describe("Building a message from a row", func() {
 	It("rejects a payload the claim left out for its size, saying the size and the limit", func() {
 		r := row()
 		r.Payload, r.Size = nil, 5000
-		_, _, fault := buildMessage(r, contentTypeJSON, limits)
+		_, _, fault := buildMessage(r, full, limits)
 		Expect(fault.reason).To(Equal(reasonOversized))
 		Expect(fault.detail).To(Equal("payload is 5000 bytes, over the 1024-byte limit (maxPayloadBytes)"))
 	})
@@ -54,7 +72,7 @@ var _ = Describe("Building a message from a row", func() {
 	It("rejects a NULL routing key", func() {
 		r := row()
 		r.RoutingKey = nil
-		_, _, fault := buildMessage(r, contentTypeJSON, limits)
+		_, _, fault := buildMessage(r, full, limits)
 		Expect(fault.reason).To(Equal(reasonNoRoutingKey))
 	})
 
@@ -62,7 +80,7 @@ var _ = Describe("Building a message from a row", func() {
 		func(mutate func(*Row), reason, detail string) {
 			r := row()
 			mutate(&r)
-			_, _, fault := buildMessage(r, contentTypeJSON, limits)
+			_, _, fault := buildMessage(r, full, limits)
 			Expect(fault).NotTo(BeNil())
 			Expect(fault.reason).To(Equal(reason))
 			Expect(fault.detail).To(ContainSubstring(detail))
@@ -83,14 +101,14 @@ var _ = Describe("Building a message from a row", func() {
 		r := row()
 		k := strings.Repeat("a", 255)
 		r.RoutingKey = &k
-		_, _, fault := buildMessage(r, contentTypeJSON, limits)
+		_, _, fault := buildMessage(r, full, limits)
 		Expect(fault).To(BeNil())
 	})
 
 	It("publishes a row without headers with none", func() {
 		r := row()
 		r.Headers = nil
-		_, msg, fault := buildMessage(r, contentTypeJSON, limits)
+		_, msg, fault := buildMessage(r, full, limits)
 		Expect(fault).To(BeNil())
 		Expect(msg.Headers).To(BeNil())
 	})
@@ -105,3 +123,20 @@ var _ = Describe("Building a message from a row", func() {
 		Expect(len(truncate(strings.Repeat("x", 5000), maxLastErrorLength))).To(BeNumerically("<=", maxLastErrorLength+3))
 	})
 })
+
+// encodedProperties is the size of msg's properties as AMQP 0-9-1 encodes
+// them in a header frame, for the properties a drainer sets without headers:
+// two bytes of flags, each short string with its length byte, the delivery
+// mode's byte and the timestamp's eight.
+func encodedProperties(msg amqp.Publishing) int {
+	n := 2 + 1 // flags, delivery mode
+	for _, s := range []string{msg.ContentType, msg.MessageId, msg.Type, msg.AppId} {
+		if s != "" {
+			n += 1 + len(s)
+		}
+	}
+	if !msg.Timestamp.IsZero() {
+		n += 8
+	}
+	return n
+}

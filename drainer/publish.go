@@ -38,7 +38,7 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c Claim) *batch {
 			p.add(e)
 			continue
 		}
-		key, msg, fault := buildMessage(*row, d.contentType, d.broker.limits)
+		key, msg, fault := buildMessage(*row, d.message, d.broker.limits)
 		// The message holds the payload until it is written; the batch
 		// keeps only what phase 3 needs, so memory follows the rows not yet
 		// published, not the rows not yet settled.

@@ -101,6 +101,7 @@ var _ = Describe("The OutboxDrainer schema", Label("integration"), func() {
 		Expect(s.Broker.ExchangeType).To(Equal(d.Broker.ExchangeType))
 		Expect(s.Broker.Mandatory).To(Equal(d.Broker.Mandatory))
 		Expect(s.Broker.DeclareExchange).To(Equal(d.Broker.DeclareExchange))
+		Expect(strings.ToLower(s.Broker.MessageProperties)).To(Equal(string(d.Broker.MessageProperties)))
 		Expect(s.Database.SynchronousCommit).To(Equal(d.SynchronousCommit))
 		Expect(int(s.BatchSize)).To(Equal(d.BatchSize))
 		Expect(int(s.PipelineDepth)).To(Equal(d.PipelineDepth))
@@ -124,6 +125,7 @@ var _ = Describe("The OutboxDrainer schema", Label("integration"), func() {
 		Entry("a schema-qualified table and mapped columns",
 			all(set("database.table", "app.athena_outbox"), set("database.columns.id", "event_id"), set("database.columns.enqueuedAt", "created_at"))),
 		Entry("one routing key source", set("database.routingKey.payloadField", "event_type")),
+		Entry("compact message properties", set("broker.messageProperties", "Compact")),
 		Entry("a positive retention", all(set("retention.published", "72h"), set("retention.unpublishedMaxAge", "720h"))),
 		Entry("zero replicas", set("replicas", int64(0))),
 		Entry("the default exchange with mandatory on", all(unset("broker.exchange"), set("broker.mandatory", true))),
@@ -162,6 +164,8 @@ var _ = Describe("The OutboxDrainer schema", Label("integration"), func() {
 		Entry("a retry cap under the initial delay", all(set("retryBackoff.initial", "1m"), set("retryBackoff.max", "10s")),
 			"max must be at least initial"),
 		Entry("an unknown exchange type", set("broker.exchangeType", "x-delayed"), "spec.broker.exchangeType: Unsupported value"),
+		Entry("message properties neither Full nor Compact", set("broker.messageProperties", "compact"),
+			`spec.broker.messageProperties: Unsupported value: "compact": supported values: "Full", "Compact"`),
 		Entry("negative replicas", set("replicas", int64(-1)), "spec.replicas"),
 		Entry("maxAttempts 0", set("maxAttempts", int64(0)), "spec.maxAttempts"),
 		Entry("the default exchange without mandatory, which drops unroutable rows", unset("broker.exchange"),

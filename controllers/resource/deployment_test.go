@@ -47,6 +47,7 @@ var _ = Describe("The drainer Deployment", func() {
 			"--exchange-type=topic",
 			"--declare-exchange=false",
 			"--mandatory=false",
+			"--message-properties=full",
 			"--batch-size=500",
 			"--pipeline-depth=256",
 			"--lease-ttl=1m20s",

@@ -64,6 +64,15 @@ func TableSpec(db v1alpha1.DatabaseSpec, ordering *v1alpha1.Ordering) (drainer.T
 	return spec, nil
 }
 
+// messageProperties is the drainer's name for the spec's choice; unset is
+// the CRD's default.
+func messageProperties(b v1alpha1.BrokerSpec) drainer.MessageProperties {
+	if b.MessageProperties == "" {
+		return drainer.FullProperties
+	}
+	return drainer.MessageProperties(strings.ToLower(b.MessageProperties))
+}
+
 // DrainArgs are the arguments of `spillway drain` for a spec: every setting
 // explicit, so the Deployment says what its drainers do.
 func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
@@ -93,6 +102,7 @@ func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
 		"--exchange-type="+s.Broker.ExchangeType,
 		"--declare-exchange="+strconv.FormatBool(s.Broker.DeclareExchange),
 		"--mandatory="+strconv.FormatBool(s.Broker.Mandatory),
+		"--message-properties="+string(messageProperties(s.Broker)),
 		"--batch-size="+strconv.Itoa(int(s.BatchSize)),
 		"--pipeline-depth="+strconv.Itoa(int(s.PipelineDepth)),
 		"--lease-ttl="+s.LeaseTTL.Duration.String(),

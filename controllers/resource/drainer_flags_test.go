@@ -51,6 +51,7 @@ var _ = Describe("The drainer's command line", func() {
 			UnpublishedMaxAge: &metav1.Duration{Duration: 720 * time.Hour},
 		}
 		od.Spec.MaxRate = ptr.To(int64(1600))
+		od.Spec.Broker.MessageProperties = "Compact"
 		od.Spec.Ordering = &v1alpha1.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}
 		args := DrainArgs(od.Spec)
 		Expect(args[0]).To(Equal("drain"))
@@ -71,6 +72,7 @@ var _ = Describe("The drainer's command line", func() {
 		Expect(*cfg.Retention.Published).To(Equal(72 * time.Hour))
 		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
 		Expect(cfg.MaxRate).To(Equal(1600.0))
+		Expect(cfg.Broker.MessageProperties).To(Equal(drainer.CompactProperties))
 		Expect(cfg.Table.Ordering).To(Equal(drainer.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}))
 		Expect(httpAddr).To(Equal(fmt.Sprintf(":%d", MetricsPort)))
 	})

@@ -97,25 +97,46 @@ func startWatch(db *pgxpool.Pool) stopwatch {
 	return stopwatch{cpu: readCPU(), start: time.Now(), db: db, wal: readWAL(db)}
 }
 
-// stop reads the watch while every process it measures is still alive: a
-// backend that exits takes its CPU time out of /proc with it. events is
-// how many the stretch moved.
+// stop reads the watch's CPU and wall time while every process it measures
+// is still alive: a backend that exits takes its CPU time out of /proc with
+// it. events is how many the stretch moved. The WAL is read by walSince,
+// once the stretch's sessions have closed.
 func (w stopwatch) stop(events int) run {
 	use := cpuUse{seconds: cpuSince(w.cpu), wall: time.Since(w.start)}
-	wal := readWAL(w.db)
-	wal.bytes, wal.fpi, wal.syncs = wal.bytes-w.wal.bytes, wal.fpi-w.wal.fpi, wal.syncs-w.wal.syncs
-	return run{rate: float64(events) / use.wall.Seconds(), cpu: use, wal: wal, events: events}
+	return run{rate: float64(events) / use.wall.Seconds(), cpu: use, events: events}
+}
+
+// walSince is the WAL written since the watch started. Its bytes come from
+// the WAL insert position, exact at any time. Full pages and syncs come from
+// pg_stat_wal, which a backend updates when it exits, and while it works
+// about once a second, but after going idle within a second of its last
+// update only ten seconds later: so they are read once the drainers'
+// sessions (the naive one's too) are gone, or their last second would land in the next run.
+func (w stopwatch) walSince() walUse {
+	ctx := context.Background()
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		var sessions int
+		if err := w.db.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'spillway-drainer/%' OR application_name = $1",
+			naiveSession).Scan(&sessions); err != nil {
+			log.Fatalf("count the drainers' sessions: %v", err)
+		}
+		if sessions == 0 {
+			break
+		}
+	}
+	now := readWAL(w.db)
+	return walUse{bytes: now.bytes - w.wal.bytes, fpi: now.fpi - w.wal.fpi, syncs: now.syncs - w.wal.syncs}
 }
 
 // walUse is the WAL written, the full-page images in it (a page's first
-// change after a checkpoint logs the whole page), and the WAL syncs made,
-// from pg_stat_wal.
+// change after a checkpoint logs the whole page), and the WAL syncs made.
 type walUse struct{ bytes, fpi, syncs float64 }
 
 func readWAL(db *pgxpool.Pool) walUse {
 	var w walUse
-	if err := db.QueryRow(context.Background(), "SELECT wal_bytes::float8, wal_fpi::float8, wal_sync::float8 FROM pg_stat_wal").Scan(&w.bytes, &w.fpi, &w.syncs); err != nil {
-		log.Fatalf("read pg_stat_wal: %v", err)
+	if err := db.QueryRow(context.Background(),
+		"SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::float8, wal_fpi::float8, wal_sync::float8 FROM pg_stat_wal").Scan(&w.bytes, &w.fpi, &w.syncs); err != nil {
+		log.Fatalf("read the WAL position and pg_stat_wal: %v", err)
 	}
 	return w
 }

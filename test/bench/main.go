@@ -149,9 +149,11 @@ func (b *bench) throughput(ctx context.Context) []string {
 	// The broker, Postgres and the drainers share two cores here, and each
 	// run leaves background work (queue index clean-up, WAL writing) behind:
 	// rounds interleave the scenarios and their medians are compared.
-	var ceiling, properties, one, two, best, naive, serial, synchronous scenario
+	compactProperties := func(c *drainer.Config) { c.Broker.MessageProperties = drainer.CompactProperties }
+	var ceiling, properties, one, compact, two, best, naive, serial, synchronous scenario
 	for round := range *rounds {
-		log.Printf("round %d of %d: ceiling, ceiling with the drainer's properties, 1 drainer, 2 drainers, tuned, naive", round+1, *rounds)
+		log.Printf("round %d of %d: ceiling, ceiling with the drainer's properties, 1 drainer, 1 with compact properties, 2 drainers, tuned, naive",
+			round+1, *rounds)
 		ceiling.add(b.ceiling(ctx, false))
 		properties.add(b.ceiling(ctx, true))
 		if round == 0 {
@@ -159,6 +161,7 @@ func (b *bench) throughput(ctx context.Context) []string {
 		}
 		drain(&one, 1, nil)
 		profileStop()
+		drain(&compact, 1, compactProperties)
 		drain(&two, 2, nil)
 		drain(&best, 1, tuned)
 		b.seed(ctx, spec, naiveEvents, 0)
@@ -174,20 +177,24 @@ func (b *bench) throughput(ctx context.Context) []string {
 	ceiling.report(fmt.Sprintf("raw publisher, window %d (the ceiling)", *ceilingWindow), "")
 	properties.report("raw publisher, the drainer's message properties", fmt.Sprintf("%.2f of ceiling", properties.rate()/c))
 	one.report("spillway, 1 drainer, defaults", fmt.Sprintf("%.2f of ceiling", o/c))
+	compact.report("spillway, 1 drainer, compact properties", fmt.Sprintf("%.2f of ceiling", compact.rate()/c))
 	two.report("spillway, 2 drainers, defaults", fmt.Sprintf("%.2f of 1 drainer", t/o))
 	best.report("spillway, 1 drainer, tuned", fmt.Sprintf("defaults %.2f of it", o/best.rate()))
 	naive.report("naive drainer", fmt.Sprintf("spillway %.1fx", o/naive.rate()))
 	serial.report("spillway, 1 drainer, claims not overlapped", fmt.Sprintf("overlap gains %.2fx", o/serial.rate()))
 	synchronous.report("spillway, 1 drainer, synchronous_commit on", fmt.Sprintf("async commit gains %.2fx", o/synchronous.rate()))
 
-	raw, us := ceiling.perEvent(), one.perEvent()
+	raw, us, lean := ceiling.perEvent(), one.perEvent(), compact.perEvent()
 	return []string{
 		target("drainer ÷ ceiling ≥ 0.7", fmt.Sprintf("%.2f", o/c), o/c >= 0.7),
+		target("drainer, compact properties ÷ ceiling ≥ 0.7", fmt.Sprintf("%.2f", compact.rate()/c), compact.rate()/c >= 0.7),
 		target("2 drainers ≥ 1 drainer", fmt.Sprintf("%.2f", t/o), t >= o),
 		target("defaults ≥ 0.95 × tuned", fmt.Sprintf("%.2f", o/best.rate()), o >= 0.95*best.rate()),
 		target("spillway ÷ naive ≥ 5", fmt.Sprintf("%.1f", o/naive.rate()), o >= 5*naive.rate()),
 		target("drainer CPU ≤ 1.5 × raw publisher's", fmt.Sprintf("%.2f", us[groupDrainer]/raw[groupDrainer]), us[groupDrainer] <= 1.5*raw[groupDrainer]),
+		target("drainer CPU, compact ≤ 1.5 × raw publisher's", fmt.Sprintf("%.2f", lean[groupDrainer]/raw[groupDrainer]), lean[groupDrainer] <= 1.5*raw[groupDrainer]),
 		target("RabbitMQ CPU ≤ raw publisher's", fmt.Sprintf("%.2f", us[groupBroker]/raw[groupBroker]), us[groupBroker] <= raw[groupBroker]),
+		target("RabbitMQ CPU, compact ≤ raw publisher's", fmt.Sprintf("%.2f", lean[groupBroker]/raw[groupBroker]), lean[groupBroker] <= raw[groupBroker]),
 		target("Postgres CPU ≤ 15 µs/event", fmt.Sprintf("%.1f µs", us[groupDatabase]), us[groupDatabase] <= 15),
 	}
 }
@@ -354,6 +361,7 @@ func (b *bench) ceiling(ctx context.Context, properties bool) run {
 		dc.Wait()
 	}
 	r := watch.stop(*events)
+	r.wal = watch.walSince()
 	b.purge()
 	return r
 }
@@ -460,6 +468,7 @@ func (b *bench) drain(ctx context.Context, spec drainer.TableSpec, n int, tweak 
 	}
 	r := watch.stop(*events)
 	stop()
+	r.wal = watch.walSince()
 	b.purge()
 	return r
 }
@@ -476,6 +485,7 @@ func (b *bench) drainNaive(ctx context.Context, spec drainer.TableSpec, events i
 	}
 	r := watch.stop(events)
 	n.stop()
+	r.wal = watch.walSince()
 	b.purge()
 	return r
 }

@@ -12,10 +12,14 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/test/testenv"
 )
 
 // naiveBatch is how many rows the naive drainer takes per transaction.
 const naiveBatch = 100
+
+// naiveSession is the naive drainer's application_name.
+const naiveSession = "bench-naive-drainer"
 
 // naiveDrainer drains the outbox as the usual relay does, and as seed
 // canopy's did before its refactor: one transaction held open across the
@@ -50,11 +54,18 @@ func (b *bench) runNaive(ctx context.Context, spec drainer.TableSpec, n *naiveDr
 	if err := ch.Confirm(false); err != nil {
 		return err
 	}
-	conn, err := b.pool.Acquire(ctx)
+	// A session of its own, closed at the end, so that its WAL statistics
+	// are reported before the run's are read (see walSince).
+	cfg, err := pgx.ParseConfig(testenv.DatabaseURL())
 	if err != nil {
 		return err
 	}
-	defer conn.Release()
+	cfg.RuntimeParams["application_name"] = naiveSession
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
 	for ctx.Err() == nil {
 		tx, err := conn.Begin(ctx)
 		if err != nil {

@@ -178,8 +178,9 @@ func (b *bench) neighbourRun(ctx context.Context, app *pgxpool.Pool, spec draine
 	wg.Wait()
 	r, drained := watch.stop(0), d.published()
 	d.stop()
+	wal := watch.walSince()
 	b.purge()
-	run := neighbourRun{commits: slices.Concat(latencies...), drained: drained, wall: r.cpu.wall, wal: r.wal,
+	run := neighbourRun{commits: slices.Concat(latencies...), drained: drained, wall: r.cpu.wall, wal: wal,
 		ranEmpty: start != nil && drained >= *neighbourBacklog}
 	slices.Sort(run.commits)
 	return run
