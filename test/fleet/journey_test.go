@@ -16,6 +16,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	amqp "github.com/rabbitmq/amqp091-go"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -360,6 +361,36 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 					}
 				}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
 				f.timeline.Mark("rolled out: 2 new drainer pods Ready with --batch-size=250, the old ones gone")
+			})
+		})
+
+		It("switches to compact message properties mid-drain: the pods roll, and what they publish carries no timestamp, type or app_id", func(ctx SpecContext) {
+			Expect(ledger.Latest().Type).NotTo(BeEmpty(), "full properties before")
+			check(ctx, "messageProperties Full -> Compact (rolling update)", func(ctx context.Context, f *fault) {
+				before := readyPods(ctx, shop, drainerLabels)
+				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"broker":{"messageProperties":"Compact"}}}`)
+				f.inject("kubectl patch outboxdrainer %s: messageProperties Full -> Compact", fleetName)
+				Eventually(func(g Gomega) {
+					list := pods(ctx, shop, drainerLabels)
+					g.Expect(list).To(HaveLen(2))
+					for _, p := range list {
+						g.Expect(ready(p)).To(BeTrue())
+						g.Expect(before).NotTo(ContainElement(p.Name))
+						g.Expect(p.Spec.Containers[0].Args).To(ContainElement("--message-properties=compact"))
+					}
+				}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
+				f.timeline.Mark("rolled out: 2 new drainer pods Ready with --message-properties=compact, the old ones gone")
+				// The old pods are gone: what arrives now, the new ones sent.
+				Eventually(func(g Gomega) {
+					m := ledger.Latest()
+					g.Expect(m.MessageId).NotTo(BeEmpty())
+					g.Expect(m.ContentType).To(Equal("application/json"))
+					g.Expect(m.DeliveryMode).To(Equal(amqp.Persistent))
+					g.Expect(m.Timestamp.IsZero()).To(BeTrue())
+					g.Expect(m.Type).To(BeEmpty())
+					g.Expect(m.AppId).To(BeEmpty())
+				}, time.Minute, 50*time.Millisecond).Should(Succeed())
+				f.timeline.Mark("the messages arriving carry message_id, content_type and delivery mode only")
 			})
 		})
 

@@ -19,6 +19,7 @@ type Ledger struct {
 	seen    map[string]int
 	total   int
 	last    time.Time
+	latest  amqp.Delivery // the last message, without its body
 	stopped bool
 	err     error
 	done    chan struct{}
@@ -56,6 +57,7 @@ func StartLedger(conn *amqp.Connection, queue string) (*Ledger, error) {
 			l.seen[d.MessageId]++
 			l.total++
 			l.last = time.Now()
+			l.latest, l.latest.Body = d, nil
 			l.mu.Unlock()
 			_ = d.Ack(false)
 		}
@@ -109,6 +111,13 @@ func (l *Ledger) Total() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.total
+}
+
+// Latest is the last message that arrived, without its body.
+func (l *Ledger) Latest() amqp.Delivery {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.latest
 }
 
 // Quiet says how long ago the last message arrived.
