@@ -98,7 +98,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"a claim stops at the first row whose payload would take it over this many bytes; a larger row is claimed alone")
 	fs.Int64Var(&c.MaxPipelineBytes, "max-pipeline-bytes", c.MaxPipelineBytes,
 		"payload bytes published and awaiting their confirm, at most; a larger message is published alone")
-	fs.Func("message-properties", `AMQP properties beside message_id, delivery mode, content type and headers: full (also the enqueue time as timestamp, the routing key as type, spillway as app_id) or compact (none: with a uuid id, RabbitMQ's cost per message drops by about a fifth) (default "full")`,
+	fs.Func("message-properties", `AMQP properties beside message_id, delivery mode, content type and headers: full (also the enqueue time as timestamp, the routing key as type, spillway as app_id) or compact (none: with a uuid id, RabbitMQ spends 7–20 % less CPU per message) (default "full")`,
 		func(v string) error { c.Broker.MessageProperties = MessageProperties(v); return nil })
 	fs.StringVar(&c.ContentType, "content-type", c.ContentType, "message content type (default from the payload column's type)")
 	fs.BoolVar(&c.SynchronousCommit, "synchronous-commit", c.SynchronousCommit,

@@ -76,8 +76,8 @@ const (
 	// CompactProperties adds nothing. With a uuid id and no headers the
 	// properties then take 57 bytes, where full ones take over 64: RabbitMQ
 	// keeps a binary of at most 64 bytes on its process heap and a larger
-	// one off it, by reference, and in make bench it spends about a fifth
-	// less CPU on each message.
+	// one off it, by reference, and in make bench it spent 7–20 % less
+	// CPU on each message.
 	CompactProperties MessageProperties = "compact"
 )
 

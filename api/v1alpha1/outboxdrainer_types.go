@@ -152,7 +152,7 @@ type BrokerSpec struct {
 	// time as its timestamp, the routing key as its type and spillway as its
 	// app_id; or Compact, where it carries none of the three. With a uuid id
 	// and no headers, compact properties fit the 64 bytes that RabbitMQ keeps
-	// on its process heap, and it spends about a fifth less CPU per message.
+	// on its process heap, and it spent 7–20 % less CPU per message in make bench.
 	// +kubebuilder:validation:Enum=Full;Compact
 	// +kubebuilder:default=Full
 	// +optional
