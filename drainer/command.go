@@ -105,7 +105,7 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"commit claims and settles synchronously (off: the application's commits do not queue behind the drainer's WAL flushes)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout,
 		"on SIGTERM, how long to wait for confirms in flight, settle them and release the rest")
-	fs.Var(windowFlag{&c.Retention.Published}, "retention-published", "delete published rows this long after publishing (unset: keep)")
+	fs.Var(windowFlag{&c.Retention.Published}, "retention-published", "delete published rows this long after publishing; 0s deletes each row once its publish is confirmed (unset: keep)")
 	fs.Var(windowFlag{&c.Retention.UnpublishedMaxAge}, "retention-unpublished-max-age",
 		"delete rows never published this long after enqueued_at, poisoned ones included (unset: keep)")
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "pause between retention runs")

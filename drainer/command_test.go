@@ -60,9 +60,15 @@ var _ = Describe("spillway drain flags", func() {
 		Expect(cfg.Broker.MessageProperties).To(Equal(CompactProperties))
 	})
 
-	It("refuses a zero retention window given as a flag", func() {
-		err := DrainCommand(context.Background(), append(base, "--retention-published=0s"))
-		Expect(err).To(MatchError(ContainSubstring(`retention.published: Invalid value: "0s": must be greater than 0`)))
+	It("refuses a zero unpublished retention window given as a flag", func() {
+		err := DrainCommand(context.Background(), append(base, "--retention-unpublished-max-age=0s"))
+		Expect(err).To(MatchError(ContainSubstring(`retention.unpublishedMaxAge: Invalid value: "0s": must be greater than 0`)))
+	})
+
+	It("takes a zero published window as deleting each row once published", func() {
+		cfg := DefaultConfig()
+		Expect(newFlagSet(&cfg).Parse([]string{"--retention-published=0s"})).To(Succeed())
+		Expect(cfg.Retention.deletesPublished()).To(BeTrue())
 	})
 })
 

@@ -79,7 +79,8 @@ type Config struct {
 
 // Retention prunes old rows. A nil window keeps rows forever.
 type Retention struct {
-	// Published deletes published rows once published_at is this old.
+	// Published deletes published rows once published_at is this old. Zero
+	// keeps none: the settle deletes a row once its publish is confirmed.
 	Published *time.Duration
 	// UnpublishedMaxAge deletes pending rows (poisoned ones included) once
 	// enqueued_at is this old: events given up on, counted in the log.
@@ -92,6 +93,10 @@ type Retention struct {
 
 // enabled reports whether any window is set.
 func (r Retention) enabled() bool { return r.Published != nil || r.UnpublishedMaxAge != nil }
+
+// deletesPublished reports whether published rows are kept at all. The prune
+// still runs then, for the rows published before the window became zero.
+func (r Retention) deletesPublished() bool { return r.Published != nil && *r.Published == 0 }
 
 // DefaultConfig returns the defaults a user gets without flags.
 func DefaultConfig() Config {
@@ -240,17 +245,18 @@ func (c Config) Validate() error {
 	return errs.ToAggregate()
 }
 
-// validate refuses a zero or negative window: a zero unpublishedMaxAge would
-// delete the whole pending set.
+// validate refuses a negative window, and a zero unpublishedMaxAge, which
+// would delete the whole pending set. A zero published window keeps no
+// published row.
 func (r Retention) validate(path *field.Path) field.ErrorList {
 	var errs field.ErrorList
-	for _, w := range []struct {
-		name   string
-		window *time.Duration
-	}{{"published", r.Published}, {"unpublishedMaxAge", r.UnpublishedMaxAge}} {
-		if w.window != nil && *w.window <= 0 {
-			errs = append(errs, field.Invalid(path.Child(w.name), w.window.String(), "must be greater than 0 (leave it unset to keep rows forever)"))
-		}
+	if r.Published != nil && *r.Published < 0 {
+		errs = append(errs, field.Invalid(path.Child("published"), r.Published.String(),
+			"must be 0 (delete each row once published) or more (leave it unset to keep published rows forever)"))
+	}
+	if r.UnpublishedMaxAge != nil && *r.UnpublishedMaxAge <= 0 {
+		errs = append(errs, field.Invalid(path.Child("unpublishedMaxAge"), r.UnpublishedMaxAge.String(),
+			"must be greater than 0 (leave it unset to keep unpublished rows forever)"))
 	}
 	if r.enabled() && r.Interval <= 0 {
 		errs = append(errs, field.Invalid(path.Child("interval"), r.Interval.String(), "must be greater than 0"))

@@ -49,8 +49,12 @@ var _ = Describe("Config validation", func() {
 		Entry("no database URL", func(c *Config) { c.Database.URL = "" }, "database.url: Required value"),
 		Entry("a broker URL and a URL file", func(c *Config) { c.Broker.File = "/secrets/url" },
 			`broker.urlFile: Invalid value: "/secrets/url": set the URL or the file, not both`),
-		Entry("a zero published retention window", func(c *Config) { c.Retention.Published = new(time.Duration) },
-			`retention.published: Invalid value: "0s": must be greater than 0 (leave it unset to keep rows forever)`),
+		Entry("a negative published retention window", func(c *Config) {
+			d := -time.Second
+			c.Retention.Published = &d
+		}, `retention.published: Invalid value: "-1s": must be 0 (delete each row once published) or more`),
+		Entry("a zero unpublishedMaxAge, which would delete the pending set", func(c *Config) { c.Retention.UnpublishedMaxAge = new(time.Duration) },
+			`retention.unpublishedMaxAge: Invalid value: "0s": must be greater than 0`),
 		Entry("a negative unpublishedMaxAge, which would delete the pending set", func(c *Config) {
 			d := -time.Hour
 			c.Retention.UnpublishedMaxAge = &d

@@ -55,6 +55,37 @@ var _ = Describe("Draining", Label("integration"), func() {
 		Expect(missing).To(BeEmpty(), "rows never published")
 	})
 
+	It("deletes each row once its publish is confirmed when published rows are not kept, and publishes every row exactly once", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		seed(ctx, spec.Name, 2_000)
+		want := ids(ctx, spec.Name, "true")
+		// History published before the window became zero, and a row that
+		// cannot be published: one goes, the other stays to be seen.
+		exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload, published_at) SELECT 'order.created', '{}', now() - interval '1 hour' FROM generate_series(1, 5)")
+		exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload) VALUES (repeat('k', 256), '{}')")
+		for _, id := range []string{"drainer-a", "drainer-b"} {
+			cfg := testConfig(id, spec, topo.Exchange)
+			// The prune runs at start, for the history, and not again within
+			// the spec: the settle deletes what the drainers publish.
+			cfg.Retention = Retention{Published: new(time.Duration), Interval: time.Hour, BatchSize: 100}
+			startDrainer(ctx, cfg)
+		}
+
+		Eventually(func() int { return count(ctx, spec.Name, "true") }, drainTimeout, 100*time.Millisecond).Should(Equal(1))
+		Expect(count(ctx, spec.Name, "published_at IS NULL AND attempts > 0 AND last_error LIKE '%routing key%'")).To(Equal(1),
+			"the row that cannot be published is kept, with its attempt and error")
+		ch := amqpChannel()
+		Expect(testenv.QueueDepth(ch, topo.Queue)).To(Equal(2_000), "one message per deleted row, no duplicates")
+		msgs, err := testenv.Consume(ch, topo.Queue, 2_000, 30*time.Second)
+		Expect(err).NotTo(HaveOccurred())
+		var got []string
+		for _, m := range msgs {
+			got = append(got, m.MessageId)
+		}
+		Expect(got).To(ConsistOf(want), "every deleted row was published once")
+	})
+
 	It("publishes each message persistent, with the row id, routing key, headers, content type, timestamp, type and app_id", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		topo := topology("order.*", nil)
@@ -354,6 +385,7 @@ var _ = Describe("The drainer's plans", Label("integration"), func() {
 		for name, stmt := range map[string]Statement{
 			"claim":     t.Claim(claimParams("d", 100)),
 			"published": t.MarkPublished("d", leases),
+			"deleted":   t.DeletePublished("d", leases),
 			"failed":    t.RecordFailures("d", leases, []string{"x"}, policy),
 			"released":  t.Release("d", leases),
 			"held":      t.ReleaseHeld("d", 30*time.Second, nil),

@@ -73,6 +73,25 @@ var _ = Describe("Per-key ordering", Label("integration"), func() {
 		Expect(seqs(ctx, spec.Name, next)).To(ConsistOf("k0/2", "k1/2", "k2/1"), "the released head of k2 is claimed again, before k2/2")
 	})
 
+	It("lets a key's next row go once its head is deleted as published, when published rows are not kept", func(ctx SpecContext) {
+		spec := orderedOutbox(ctx, "")
+		seedKeys(ctx, spec.Name, 2, 2)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		heads, err := store.Claim(ctx, claimParams("drainer-a", 100))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(seqs(ctx, spec.Name, heads)).To(Equal([]string{"k0/1", "k1/1"}))
+
+		done, err := store.Settle(ctx, "drainer-a", Settlement{Published: heads.Leases(), Advanced: []string{"k0", "k1"}, DeletePublished: true}, policy)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done.Published).To(Equal(int64(2)))
+		Expect(done.Woken).To(Equal(int64(2)))
+		Expect(count(ctx, spec.Name, "true")).To(Equal(2), "the heads are gone")
+		next, err := store.Claim(ctx, claimParams("drainer-b", 100))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(seqs(ctx, spec.Name, next)).To(Equal([]string{"k0/2", "k1/2"}))
+	})
+
 	It("keeps a late commit with an earlier enqueued_at waiting while a later row of its key is in flight", func(ctx SpecContext) {
 		spec := orderedOutbox(ctx, "")
 		seedKeys(ctx, spec.Name, 1, 1)

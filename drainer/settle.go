@@ -66,6 +66,7 @@ func settlementOf(group []*batch, skip bool) Settlement {
 // that, the rows are another claim's to publish again.
 func (d *Drainer) settle(ctx context.Context, group []*batch) {
 	st := settlementOf(group, d.cfg.Table.Ordering.Skips())
+	st.DeletePublished = d.cfg.Retention.deletesPublished()
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseTTL)
 	defer cancel()
 	tries := 0

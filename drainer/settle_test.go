@@ -31,4 +31,26 @@ var _ = Describe("Settling", Label("integration"), func() {
 		Expect(count(ctx, spec.Name, "published_at IS NOT NULL AND attempts = 0")).To(Equal(1),
 			"published by the second claim, with no attempt counted by the first")
 	})
+
+	It("deletes the confirmed rows it still holds when published rows are not kept, and leaves a row another claim took over", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 3)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		held, err := store.Claim(ctx, claimParams("drainer-a", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(held.Rows).To(HaveLen(3))
+		// One row's lease expires and drainer-b takes it over.
+		taken := held.Rows[0].ID
+		exec(ctx, "UPDATE "+spec.Name+" SET available_at = now() - interval '1 second' WHERE id::text = $1", taken)
+		other, err := store.Claim(ctx, claimParams("drainer-b", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(other.Rows).To(HaveLen(1))
+
+		done, err := store.Settle(ctx, "drainer-a", Settlement{Published: held.Leases(), DeletePublished: true}, FailurePolicy{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done.Published).To(Equal(int64(2)), "the two rows still held")
+		Expect(ids(ctx, spec.Name, "true")).To(ConsistOf(taken))
+		Expect(count(ctx, spec.Name, "claimed_by = 'drainer-b' AND published_at IS NULL")).To(Equal(1), "left to its new claim")
+	})
 })

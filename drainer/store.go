@@ -271,6 +271,9 @@ type Settlement struct {
 	// Advanced are the ordering keys whose head this settle publishes (or,
 	// under skip, poisons): each key's next row may go.
 	Advanced []string
+	// DeletePublished deletes the published rows instead of marking them:
+	// published rows are not kept.
+	DeletePublished bool
 }
 
 // Settled counts the rows each statement changed. Fewer than asked means the
@@ -287,7 +290,11 @@ func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, f F
 	var counts []*int64
 	var done Settled
 	if len(st.Published) > 0 {
-		stmts, counts = append(stmts, s.table.MarkPublished(drainerID, st.Published)), append(counts, &done.Published)
+		mark := s.table.MarkPublished
+		if st.DeletePublished {
+			mark = s.table.DeletePublished
+		}
+		stmts, counts = append(stmts, mark(drainerID, st.Published)), append(counts, &done.Published)
 	}
 	if len(st.Failed) > 0 {
 		stmts, counts = append(stmts, s.table.RecordFailures(drainerID, st.Failed, st.Reasons, f)), append(counts, &done.Failed)

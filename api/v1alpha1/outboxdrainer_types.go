@@ -180,13 +180,14 @@ type RetryBackoff struct {
 }
 
 // Retention is how long the drainers keep rows. Unset, rows are kept
-// forever; the drainer refuses zero.
+// forever.
 type Retention struct {
-	// Published is how long a row is kept once it is published.
+	// Published is how long a row is kept once it is published. 0s keeps
+	// none: each row is deleted as its publish is confirmed, which costs
+	// the database a third of marking it published.
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:MaxLength=32
-	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive; leave it unset to keep published rows forever"
 	// +optional
 	Published *metav1.Duration `json:"published,omitempty"`
 	// UnpublishedMaxAge is the age past which a row that was never

@@ -123,7 +123,8 @@ func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
 	if s.MaxRate != nil {
 		args = append(args, "--max-rate="+strconv.FormatInt(*s.MaxRate, 10))
 	}
-	// Unset retention keeps rows forever; the drainer refuses a zero one.
+	// Unset retention keeps rows forever; a published window of 0s keeps
+	// no published row.
 	if r := s.Retention; r != nil {
 		if r.Published != nil {
 			args = append(args, "--retention-published="+r.Published.Duration.String())

@@ -83,6 +83,7 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 	naive := &neighbours{what: "naive drainer"}
 	spill := &neighbours{what: "spillway, 1 drainer, defaults (uncapped)"}
 	capped := &neighbours{what: "spillway, capped at the naive drainer's rate"}
+	deleting := &neighbours{what: "spillway, published rows deleted (uncapped)"}
 	synchronous := &neighbours{what: "spillway, synchronous_commit on"}
 	spillway := func(tweak func(*drainer.Config)) func() drain {
 		return func() drain {
@@ -91,7 +92,7 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 		}
 	}
 	for round := range *rounds {
-		log.Printf("good neighbour, round %d of %d: the application at %d commits/s beside no drainer, naive, spillway, spillway capped, spillway with synchronous_commit on",
+		log.Printf("good neighbour, round %d of %d: the application at %d commits/s beside no drainer, naive, spillway, spillway capped, spillway deleting published rows, spillway with synchronous_commit on",
 			round+1, *rounds, *neighbourRate)
 		none.runs = append(none.runs, b.neighbourRun(ctx, app, spec, nil))
 		naive.runs = append(naive.runs, b.neighbourRun(ctx, app, spec, func() drain {
@@ -101,17 +102,19 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 		naiveRate := float64(naive.runs[round].drained) / naive.runs[round].wall.Seconds()
 		spill.runs = append(spill.runs, b.neighbourRun(ctx, app, spec, spillway(nil)))
 		capped.runs = append(capped.runs, b.neighbourRun(ctx, app, spec, spillway(func(c *drainer.Config) { c.MaxRate = naiveRate })))
+		deleting.runs = append(deleting.runs, b.neighbourRun(ctx, app, spec, spillway(deletePublished)))
 		synchronous.runs = append(synchronous.runs, b.neighbourRun(ctx, app, spec, spillway(func(c *drainer.Config) { c.SynchronousCommit = true })))
 	}
 
 	fmt.Printf("\ngood neighbour: the application commits %d single-row outbox events/s over %d connections for %s, beside a backlog of %d rows; medians of %d rounds\n",
 		*neighbourRate, *neighbourConns, *neighbourDuration, *neighbourBacklog, *rounds)
-	for _, n := range []*neighbours{none, naive, spill, capped, synchronous} {
+	for _, n := range []*neighbours{none, naive, spill, capped, deleting, synchronous} {
 		n.report(none)
 	}
 	base := none.p99()
 	return []string{
 		target("commit p99 beside spillway ≤ 2 × without", fmt.Sprintf("%.2f", spill.p99()/base), spill.p99() <= 2*base),
+		target("commit p99 beside spillway deleting ≤ 2 × without", fmt.Sprintf("%.2f", deleting.p99()/base), deleting.p99() <= 2*base),
 		target("commit p99, spillway capped ≤ beside naive", fmt.Sprintf("%.2f", capped.p99()/naive.p99()), capped.p99() <= naive.p99()),
 	}
 }
