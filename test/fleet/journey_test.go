@@ -394,6 +394,32 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 			})
 		})
 
+		It("keeps no published row once retention.published is patched to 0s mid-drain: the pods roll, and no event is lost", func(ctx SpecContext) {
+			check(ctx, "retention.published 168h -> 0s (rolling update)", func(ctx context.Context, f *fault) {
+				before := readyPods(ctx, shop, drainerLabels)
+				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"retention":{"published":"0s"}}}`)
+				f.inject("kubectl patch outboxdrainer %s: retention.published 168h -> 0s", fleetName)
+				Eventually(func(g Gomega) {
+					list := pods(ctx, shop, drainerLabels)
+					g.Expect(list).To(HaveLen(2))
+					for _, p := range list {
+						g.Expect(ready(p)).To(BeTrue())
+						g.Expect(before).NotTo(ContainElement(p.Name))
+						g.Expect(p.Spec.Containers[0].Args).To(ContainElement("--retention-published=0s"))
+					}
+				}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
+				f.timeline.Mark("rolled out: 2 new drainer pods Ready with --retention-published=0s, the old ones gone")
+			})
+			// The new pods delete what they publish, and their prune the
+			// history (and what the old pods marked as they went) within
+			// a retention interval.
+			Eventually(func(g Gomega) {
+				published, err := outbox.PublishedBy(ctx)
+				g.Expect(err).NotTo(HaveOccurred())
+				g.Expect(published).To(BeEmpty())
+			}, 3*time.Minute, time.Second).Should(Succeed())
+		})
+
 		It("goes on draining while the operator pod is killed, and its status resumes once a new operator pod holds the lease", func(ctx SpecContext) {
 			check(ctx, "operator pod killed (frozen, force-deleted)", func(ctx context.Context, f *fault) {
 				operators := readyPods(ctx, operatorNamespace, operatorLabels)
