@@ -351,16 +351,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				before := readyPods(ctx, shop, drainerLabels)
 				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"batchSize":250}}`)
 				f.inject("kubectl patch outboxdrainer %s: batchSize 500 -> 250", fleetName)
-				Eventually(func(g Gomega) {
-					list := pods(ctx, shop, drainerLabels)
-					g.Expect(list).To(HaveLen(2))
-					for _, p := range list {
-						g.Expect(ready(p)).To(BeTrue())
-						g.Expect(before).NotTo(ContainElement(p.Name))
-						g.Expect(p.Spec.Containers[0].Args).To(ContainElement("--batch-size=250"))
-					}
-				}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
-				f.timeline.Mark("rolled out: 2 new drainer pods Ready with --batch-size=250, the old ones gone")
+				waitRolledOut(ctx, f, before, "--batch-size=250")
 			})
 		})
 
@@ -370,16 +361,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				before := readyPods(ctx, shop, drainerLabels)
 				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"broker":{"messageProperties":"Compact"}}}`)
 				f.inject("kubectl patch outboxdrainer %s: messageProperties Full -> Compact", fleetName)
-				Eventually(func(g Gomega) {
-					list := pods(ctx, shop, drainerLabels)
-					g.Expect(list).To(HaveLen(2))
-					for _, p := range list {
-						g.Expect(ready(p)).To(BeTrue())
-						g.Expect(before).NotTo(ContainElement(p.Name))
-						g.Expect(p.Spec.Containers[0].Args).To(ContainElement("--message-properties=compact"))
-					}
-				}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
-				f.timeline.Mark("rolled out: 2 new drainer pods Ready with --message-properties=compact, the old ones gone")
+				waitRolledOut(ctx, f, before, "--message-properties=compact")
 				// The old pods are gone: what arrives now, the new ones sent.
 				Eventually(func(g Gomega) {
 					m := ledger.Latest()
@@ -399,16 +381,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				before := readyPods(ctx, shop, drainerLabels)
 				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"retention":{"published":"0s"}}}`)
 				f.inject("kubectl patch outboxdrainer %s: retention.published 168h -> 0s", fleetName)
-				Eventually(func(g Gomega) {
-					list := pods(ctx, shop, drainerLabels)
-					g.Expect(list).To(HaveLen(2))
-					for _, p := range list {
-						g.Expect(ready(p)).To(BeTrue())
-						g.Expect(before).NotTo(ContainElement(p.Name))
-						g.Expect(p.Spec.Containers[0].Args).To(ContainElement("--retention-published=0s"))
-					}
-				}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
-				f.timeline.Mark("rolled out: 2 new drainer pods Ready with --retention-published=0s, the old ones gone")
+				waitRolledOut(ctx, f, before, "--retention-published=0s")
 			})
 			// The new pods delete what they publish, and their prune the
 			// history (and what the old pods marked as they went) within
@@ -559,5 +532,20 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 
 	describeAutoscaling()
 })
+
+// waitRolledOut waits until the fleet's two drainer pods are new ones,
+// Ready, run with arg, and the pods before are gone.
+func waitRolledOut(ctx context.Context, f *fault, before []string, arg string) {
+	Eventually(func(g Gomega) {
+		list := pods(ctx, shop, drainerLabels)
+		g.Expect(list).To(HaveLen(2))
+		for _, p := range list {
+			g.Expect(ready(p)).To(BeTrue())
+			g.Expect(before).NotTo(ContainElement(p.Name))
+			g.Expect(p.Spec.Containers[0].Args).To(ContainElement(arg))
+		}
+	}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
+	f.timeline.Mark("rolled out: 2 new drainer pods Ready with %s, the old ones gone", arg)
+}
 
 func ptrTo[T any](v T) *T { return &v }
