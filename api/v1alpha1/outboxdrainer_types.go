@@ -184,7 +184,7 @@ type RetryBackoff struct {
 type Retention struct {
 	// Published is how long a row is kept once it is published. 0s keeps
 	// none: each row is deleted as its publish is confirmed, which costs
-	// the database a third of marking it published.
+	// the database a third less than marking it published.
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:MaxLength=32
