@@ -23,10 +23,19 @@ var _ = Describe("The rate cap", func() {
 		Expect(r.claimSize(500, 30*time.Second)).To(Equal(1))
 	})
 
-	It("makes each claim after the first burst wait for its rows' share of the cap", func() {
-		r := newRateCap(100, 100)
-		Expect(r.take(100)).To(BeZero(), "the burst a new drainer starts with")
-		Expect(r.take(50)).To(BeNumerically("~", 500*time.Millisecond, 20*time.Millisecond))
+	It("makes every claim, a new drainer's first too, wait for its rows' share of the cap", func() {
+		r := newRateCap(100, 500)
+		Expect(r.take(50)).To(BeNumerically("~", 500*time.Millisecond, 20*time.Millisecond), "no burst to start with")
+		Expect(r.take(50)).To(BeNumerically("~", time.Second, 20*time.Millisecond))
+	})
+
+	It("lets an idle drainer publish at most a second of its share ahead of pace", func() {
+		r := newRateCap(100, 500)
+		Expect(r.limiter.Burst()).To(Equal(100), "a second of the cap, not a batch")
+		r.setShare(10)
+		Expect(r.limiter.Burst()).To(Equal(10), "a second of the share")
+		r.setShare(0.5)
+		Expect(r.limiter.Burst()).To(Equal(1))
 	})
 
 	It("shares the cap among the drainers holding claims, counted once a second", func(ctx SpecContext) {
@@ -34,6 +43,7 @@ var _ = Describe("The rate cap", func() {
 		counted := 0
 		r.refresh(ctx, func(context.Context) (int, error) { counted++; return 2, nil })
 		Expect(float64(r.limiter.Limit())).To(Equal(300.0))
+		Expect(r.limiter.Burst()).To(Equal(100), "a second of the share, within the batch")
 		r.refresh(ctx, func(context.Context) (int, error) { counted++; return 0, nil })
 		Expect(counted).To(Equal(1), "not again within a second")
 		Expect(float64(r.limiter.Limit())).To(Equal(300.0))
