@@ -377,15 +377,23 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 		})
 
 		It("keeps no published row once retention.published is patched to 0s mid-drain: the pods roll, and no event is lost", func(ctx SpecContext) {
+			var rolled []string
 			check(ctx, "retention.published 168h -> 0s (rolling update)", func(ctx context.Context, f *fault) {
 				before := readyPods(ctx, shop, drainerLabels)
 				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"retention":{"published":"0s"}}}`)
 				f.inject("kubectl patch outboxdrainer %s: retention.published 168h -> 0s", fleetName)
 				waitRolledOut(ctx, f, before, "--retention-published=0s")
+				rolled = readyPods(ctx, shop, drainerLabels)
 			})
-			// The new pods delete what they publish, and their prune the
-			// history (and what the old pods marked as they went) within
-			// a retention interval.
+			// The new pods' settles delete what they publish: not one row
+			// marked by them, with no prune needed. Their prune removes the
+			// history, and what the old pods marked as they went, within a
+			// retention interval.
+			published, err := outbox.PublishedBy(ctx)
+			Expect(err).NotTo(HaveOccurred())
+			for _, pod := range rolled {
+				Expect(published).NotTo(HaveKey(pod), "rows %s marked published instead of deleting them", pod)
+			}
 			Eventually(func(g Gomega) {
 				published, err := outbox.PublishedBy(ctx)
 				g.Expect(err).NotTo(HaveOccurred())
