@@ -26,6 +26,39 @@ type inflight struct {
 	alone bool
 }
 
+// window is the rows in flight, oldest first: a queue that reuses its array.
+// Taking entries off a slice's front would shrink its capacity until the
+// next append copied the whole window, for every row published.
+type window struct {
+	entries []inflight
+	head    int // the oldest entry's index
+}
+
+func (w *window) len() int { return len(w.entries) - w.head }
+
+// oldest is the entry at the front; the window must not be empty.
+func (w *window) oldest() inflight { return w.entries[w.head] }
+
+func (w *window) push(e inflight) {
+	if len(w.entries) == cap(w.entries) && w.head > 0 {
+		// Full at the back with room at the front: move the entries down.
+		n := copy(w.entries, w.entries[w.head:])
+		clear(w.entries[n:])
+		w.entries, w.head = w.entries[:n], 0
+	}
+	w.entries = append(w.entries, e)
+}
+
+// pop takes the oldest entry off; the window must not be empty.
+func (w *window) pop() inflight {
+	e := w.entries[w.head]
+	w.entries[w.head] = inflight{} // so the array holds no batch it is done with
+	if w.head++; w.head == len(w.entries) {
+		w.entries, w.head = w.entries[:0], 0
+	}
+	return e
+}
+
 // pipeline is phase 2's window: the rows published and awaiting their
 // confirm, oldest first. The goroutine that publishes also resolves the
 // confirms, so an arriving confirm frees its slot with no hand-off between
@@ -34,7 +67,7 @@ type inflight struct {
 // confirm latency and lost throughput.
 type pipeline struct {
 	d        *Drainer
-	inflight []inflight
+	inflight window
 	confirms int   // entries awaiting a confirm
 	bytes    int64 // their payload bytes
 	settle   chan<- *batch
@@ -45,7 +78,7 @@ type pipeline struct {
 
 // add puts a row's entry at the back of the window.
 func (p *pipeline) add(e inflight) {
-	p.inflight = append(p.inflight, e)
+	p.inflight.push(e)
 	if e.confirm != nil {
 		p.confirms++
 		p.bytes += e.size
@@ -56,9 +89,8 @@ func (p *pipeline) add(e inflight) {
 
 // passKnown passes on the entries at the front whose outcome needs no confirm.
 func (p *pipeline) passKnown() {
-	for len(p.inflight) > 0 && p.inflight[0].confirm == nil {
-		p.pass(p.inflight[0])
-		p.inflight = p.inflight[1:]
+	for p.inflight.len() > 0 && p.inflight.oldest().confirm == nil {
+		p.pass(p.inflight.pop())
 	}
 }
 
@@ -77,14 +109,14 @@ func (p *pipeline) pass(e inflight) {
 // first. It reports whether it resolved one. With nothing in flight it only
 // waits for wake.
 func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
-	if len(p.inflight) == 0 {
+	if p.inflight.len() == 0 {
 		if b := p.d.broker; b != nil {
 			b.flush() // nothing is held while the claim loop waits
 		}
 		<-wake
 		return false
 	}
-	oldest := p.inflight[0]
+	oldest := p.inflight.oldest()
 	timedOut := releaseConfirmTimeout
 	select {
 	case <-oldest.confirm.Done():
@@ -103,7 +135,7 @@ func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
 			return false
 		}
 	}
-	p.inflight = p.inflight[1:]
+	p.inflight.pop()
 	p.confirms--
 	p.bytes -= oldest.size
 	p.d.metrics.InFlight.Set(float64(p.confirms))
@@ -163,7 +195,7 @@ func (p *pipeline) makeRoom(depth int, maxBytes, size int64) {
 
 // drain resolves every confirm in flight.
 func (p *pipeline) drain() {
-	for len(p.inflight) > 0 {
+	for p.inflight.len() > 0 {
 		p.waitOldest(nil)
 	}
 }

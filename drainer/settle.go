@@ -42,6 +42,11 @@ func (d *Drainer) settleLoop(ctx context.Context, settle <-chan *batch) {
 // head, and so does a failed one when failures block.
 func settlementOf(group []*batch, skip bool) Settlement {
 	var st Settlement
+	rows := 0
+	for _, b := range group {
+		rows += len(b.outcomes)
+	}
+	st.Published = make([]Lease, 0, rows) // most rows are published
 	for _, b := range group {
 		for i, o := range b.outcomes {
 			lease, key := b.claim.lease(i), b.claim.Rows[i].Key

@@ -223,19 +223,34 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	if err != nil {
 		return Claim{}, fmt.Errorf("claim batch: %w", err)
 	}
-	var c Claim
 	if s.table.Ordered() {
 		return collectOrderedClaim(rows)
 	}
-	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (Row, error) {
-		var row Row
-		return row, r.Scan(&row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &c.Due)
-	})
+	c, err := collectClaim(rows, p.BatchSize)
 	if err != nil {
 		return Claim{}, fmt.Errorf("claim batch: %w", err)
 	}
-	c.Rows = claimed
 	return c, nil
+}
+
+// collectClaim reads a claim's rows into a slice sized for a full batch, each
+// scanned in place through one reused list of targets: a claim is a batch of
+// rows every few milliseconds, and a Row and its targets allocated per row
+// were a fifth of the drainer's garbage.
+func collectClaim(rows pgx.Rows, batchSize int) (Claim, error) {
+	defer rows.Close()
+	c := Claim{Rows: make([]Row, 0, batchSize)}
+	into := make([]any, 10)
+	for rows.Next() {
+		c.Rows = append(c.Rows, Row{})
+		row := &c.Rows[len(c.Rows)-1]
+		into[0], into[1], into[2], into[3], into[4] = &row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload
+		into[5], into[6], into[7], into[8], into[9] = &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &c.Due
+		if err := rows.Scan(into...); err != nil {
+			return Claim{}, err
+		}
+	}
+	return c, rows.Err()
 }
 
 // collectOrderedClaim reads an ordered claim's rows: a row with a NULL id

@@ -497,8 +497,9 @@ type Lease struct {
 // leaseArgs splits leases into the parallel arrays that settle statements
 // unnest.
 func leaseArgs(leases []Lease) (tables []uint32, tids []pgtype.TID, tokens []time.Time) {
-	for _, l := range leases {
-		tables, tids, tokens = append(tables, l.Row.Table), append(tids, l.Row.TID), append(tokens, l.Token)
+	tables, tids, tokens = make([]uint32, len(leases)), make([]pgtype.TID, len(leases)), make([]time.Time, len(leases))
+	for i, l := range leases {
+		tables[i], tids[i], tokens[i] = l.Row.Table, l.Row.TID, l.Token
 	}
 	return tables, tids, tokens
 }
