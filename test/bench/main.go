@@ -12,6 +12,7 @@ import (
 	"log"
 	"log/slog"
 	"os"
+	"runtime"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -42,6 +43,7 @@ var (
 	ceilingWindow = flag.Int("ceiling-window", 256, "confirms in flight of the raw publisher")
 	sectionList   = flag.String("sections", "throughput,neighbour,latency,claims,ordering", "which measurements to run, comma-separated")
 	cpuProfile    = flag.String("cpuprofile", "", "write a CPU profile of the first 1-process drainer run to this file")
+	memProfile    = flag.String("memprofile", "", "write an allocation profile of the first 1-process drainer run to this file")
 )
 
 // benchLock is the advisory lock a benchmark run holds.
@@ -56,6 +58,9 @@ type bench struct {
 
 func main() {
 	flag.Parse()
+	if *memProfile != "" {
+		runtime.MemProfileRate = 0 // sampled during the profiled run only
+	}
 	sections := map[string]bool{}
 	for _, s := range strings.Split(*sectionList, ",") {
 		sections[strings.TrimSpace(s)] = true
@@ -98,25 +103,22 @@ func main() {
 	fmt.Printf("Spillway benchmark: %d events of %d bytes, persistent, to a durable bound queue; batch %d, pipeline depth %d\n\n",
 		*events, *payloadBytes, *batchSize, *depth)
 
-	var targets []string
-	if sections["throughput"] {
-		targets = append(targets, b.throughput(ctx)...)
-	}
-	if sections["neighbour"] {
-		targets = append(targets, b.goodNeighbour(ctx)...)
-	}
 	// Latency before the claim runs, whose million-row tables leave
 	// checkpoints and vacuums behind.
-	if sections["latency"] {
-		targets = append(targets, b.latency(ctx)...)
+	order := []struct {
+		name string
+		run  func(context.Context) []string
+	}{{"throughput", b.throughput}, {"neighbour", b.goodNeighbour}, {"latency", b.latency}, {"claims", b.claims}, {"ordering", b.ordering}}
+	var targets, stolen []string
+	for _, s := range order {
+		if !sections[s.name] {
+			continue
+		}
+		steal := startSteal()
+		targets = append(targets, s.run(ctx)...)
+		stolen = append(stolen, fmt.Sprintf("%s %.0f %%", s.name, 100*steal.share()))
 	}
-	if sections["claims"] {
-		targets = append(targets, b.claims(ctx)...)
-	}
-	if sections["ordering"] {
-		targets = append(targets, b.ordering(ctx)...)
-	}
-	fmt.Println()
+	fmt.Printf("\nCPU time the hypervisor gave other guests (steal), by section: %s\n\n", strings.Join(stolen, ", "))
 	for _, t := range targets {
 		fmt.Println(t)
 	}
@@ -295,8 +297,12 @@ func (b *bench) latency(ctx context.Context) []string {
 	}
 }
 
-// profileStart starts the CPU profiler when -cpuprofile is set.
+// profileStart starts the CPU profiler when -cpuprofile is set, and
+// allocation sampling when -memprofile is.
 func profileStart() {
+	if *memProfile != "" {
+		runtime.MemProfileRate = 64 << 10
+	}
 	if *cpuProfile == "" {
 		return
 	}
@@ -309,8 +315,23 @@ func profileStart() {
 	}
 }
 
-// profileStop stops the profiler, if it runs.
-func profileStop() { pprof.StopCPUProfile() }
+// profileStop stops the profilers that run and writes their profiles.
+func profileStop() {
+	pprof.StopCPUProfile()
+	if *memProfile == "" || runtime.MemProfileRate == 0 {
+		return
+	}
+	runtime.GC() // the profile shows allocations up to the last GC
+	out, err := os.Create(*memProfile)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer out.Close()
+	if err := pprof.Lookup("allocs").WriteTo(out, 0); err != nil {
+		log.Fatal(err)
+	}
+	runtime.MemProfileRate = 0
+}
 
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)
