@@ -226,29 +226,32 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 	if s.table.Ordered() {
 		return collectOrderedClaim(rows)
 	}
-	c, err := collectClaim(rows, p.BatchSize)
+	c, err := collectClaim(rows)
 	if err != nil {
 		return Claim{}, fmt.Errorf("claim batch: %w", err)
 	}
 	return c, nil
 }
 
-// collectClaim reads a claim's rows into a slice sized for a full batch, each
-// scanned in place through one reused list of targets: a claim is a batch of
-// rows every few milliseconds, and a Row and its targets allocated per row
-// were a fifth of the drainer's garbage.
-func collectClaim(rows pgx.Rows, batchSize int) (Claim, error) {
+// collectClaim reads a claim's rows through one set of scan targets into a
+// slice sized once: every row carries the number of live rows that were due,
+// which is as many as the claim can hold. A Row and its targets allocated
+// per row, and the slice grown row by row, were a fifth of the drainer's
+// garbage.
+func collectClaim(rows pgx.Rows) (Claim, error) {
 	defer rows.Close()
-	c := Claim{Rows: make([]Row, 0, batchSize)}
-	into := make([]any, 10)
+	var c Claim
+	var row Row
+	into := []any{&row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &c.Due}
 	for rows.Next() {
-		c.Rows = append(c.Rows, Row{})
-		row := &c.Rows[len(c.Rows)-1]
-		into[0], into[1], into[2], into[3], into[4] = &row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload
-		into[5], into[6], into[7], into[8], into[9] = &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &c.Due
 		if err := rows.Scan(into...); err != nil {
 			return Claim{}, err
 		}
+		if c.Rows == nil {
+			c.Rows = make([]Row, 0, max(c.Due, 1))
+		}
+		c.Rows = append(c.Rows, row)
+		row = Row{}
 	}
 	return c, rows.Err()
 }
