@@ -297,7 +297,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 			})
 		})
 
-		It("releases at once the claims of a drainer pod force-deleted while its node hangs: with leaseTTL 3m, they are published within 5s", func(ctx SpecContext) {
+		It("releases at once the claims of a drainer pod force-deleted while its node hangs: with leaseTTL 3m, they are published within a tenth of it", func(ctx SpecContext) {
 			// A lease long enough that only the operator's release can
 			// explain a quick recovery.
 			mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"leaseTTL":"3m"}}`)
@@ -325,7 +325,11 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				f.released = waitPublished(ctx, f, outbox, victim, claimed)
 				waitDrainers(ctx, f, 2)
 			})
-			Expect(f.released).To(BeNumerically("<", 5*time.Second), "the frozen drainer's rows published after the deletion:\n%s", f.timeline)
+			// The release makes the rows due first; how soon they are all
+			// published then depends on how fast the other pods drain on a
+			// busy machine (1.9 s in a CI run, 5.3 s with both cores loaded besides), not
+			// on the lease, which would hold them for three minutes.
+			Expect(f.released).To(BeNumerically("<", 3*time.Minute/10), "the frozen drainer's rows published after the deletion:\n%s", f.timeline)
 			Eventually(func() []string { return eventsOf(ctx, shop, fleetName) }, time.Minute).
 				Should(ContainElement(MatchRegexp(`^ReleasedClaims: Released \d+ claims of drainer %s: its pod %[1]s is gone$`, victim)))
 		})
