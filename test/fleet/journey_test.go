@@ -326,9 +326,9 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				waitDrainers(ctx, f, 2)
 			})
 			// The release makes the rows due first; how soon they are all
-			// published then depends on how fast the other pods drain on a
-			// busy machine (1.9 s in a CI run, 5.3 s with both cores loaded besides), not
-			// on the lease, which would hold them for three minutes.
+			// published then depends on how fast the other pods drain (1.9 s
+			// in a CI run, 5.3 s with both cores loaded besides), not on the
+			// lease, which would hold them for three minutes.
 			Expect(f.released).To(BeNumerically("<", 3*time.Minute/10), "the frozen drainer's rows published after the deletion:\n%s", f.timeline)
 			Eventually(func() []string { return eventsOf(ctx, shop, fleetName) }, time.Minute).
 				Should(ContainElement(MatchRegexp(`^ReleasedClaims: Released \d+ claims of drainer %s: its pod %[1]s is gone$`, victim)))
