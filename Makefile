@@ -40,11 +40,15 @@ SERVICES_LOCK ?= /tmp/spillway-services.lock
 # flock -o: the lock is flock's own, not inherited by the tests' children;
 # a service that a fault test restarts would otherwise hold it for as long
 # as it runs, and every later run would wait for ever.
+# SUITE_ENV builds (once) and points the suites at the control plane, helm
+# and promtool; a recipe line continues it with && and the tests.
+SUITE_ENV = assets=$$(hack/control-plane.sh) && promtool=$$(hack/promtool.sh) && \
+		export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) PROMTOOL=$$promtool
+
 .PHONY: test
 test: services verify-generated $(HELM) ## Run every suite against the local Postgres, RabbitMQ, an envtest control plane and a local cluster; the fault suite last.
 	$(GO) vet ./...
-	assets=$$(hack/control-plane.sh) && promtool=$$(hack/promtool.sh) && \
-		export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) PROMTOOL=$$promtool && \
+	$(SUITE_ENV) && \
 		flock -o -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
 		flock -o -x $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $(FAULTS)
 
@@ -52,8 +56,9 @@ STRESS_RUNS     ?= 20
 STRESS_PACKAGES ?= ./drainer ./test/e2e
 
 .PHONY: test-stress
-test-stress: services ## Run the integration suites STRESS_RUNS times (default 20) with every core kept busy; stops at the first failure.
-	flock -o -s $(SERVICES_LOCK) env RUNS=$(STRESS_RUNS) hack/stress.sh $(STRESS_PACKAGES)
+test-stress: services $(HELM) ## Run the integration suites STRESS_RUNS times (default 20) with every core kept busy; stops at the first failure.
+	$(SUITE_ENV) && \
+		flock -o -s $(SERVICES_LOCK) env RUNS=$(STRESS_RUNS) hack/stress.sh $(STRESS_PACKAGES)
 
 .PHONY: promtool
 promtool: ## Build promtool from the Go module proxy into bin/ (cached), for the chart's alert tests.
