@@ -37,14 +37,14 @@ services: ## Start the local Postgres and RabbitMQ if they are installed but sto
 FAULTS        := ./test/faults
 SERVICES_LOCK ?= /tmp/spillway-services.lock
 
-# flock -o: the lock is flock's own, not inherited by the tests' children;
-# a service that a fault test restarts would otherwise hold it for as long
-# as it runs, and every later run would wait for ever.
 # SUITE_ENV builds (once) and points the suites at the control plane, helm
 # and promtool; a recipe line continues it with && and the tests.
 SUITE_ENV = assets=$$(hack/control-plane.sh) && promtool=$$(hack/promtool.sh) && \
 		export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) PROMTOOL=$$promtool
 
+# flock -o: the lock is flock's own, not inherited by the tests' children;
+# a service that a fault test restarts would otherwise hold it for as long
+# as it runs, and every later run would wait for ever.
 .PHONY: test
 test: services verify-generated $(HELM) ## Run every suite against the local Postgres, RabbitMQ, an envtest control plane and a local cluster; the fault suite last.
 	$(GO) vet ./...

@@ -114,7 +114,7 @@ func main() {
 		if !sections[s.name] {
 			continue
 		}
-		steal := startSteal()
+		steal := readSteal()
 		targets = append(targets, s.run(ctx)...)
 		stolen = append(stolen, fmt.Sprintf("%s %.0f %%", s.name, 100*steal.share()))
 	}
