@@ -68,14 +68,22 @@ func (r *rateCap) refresh(ctx context.Context, others func(context.Context) (int
 	r.setShare(r.total / float64(n+1))
 }
 
-// claimSize is how many rows the next claim may take: a second's worth of
+// claimPace is the share of time one capped claim takes rows for. A capped
+// drain is for the application's sake, and its commits wait behind bursts:
+// claimed a second's worth at a time, each second's rows were claimed,
+// published and marked in one burst of row versions and WAL, and the
+// application's commit p99 beside a drain capped at the naive drainer's rate
+// was 1.45 × that beside the naive drainer, which publishes a row at a time.
+const claimPace = 100 * time.Millisecond
+
+// claimSize is how many rows the next claim may take: claimPace's worth of
 // this drainer's share, and a third of a lease's at most, so that the wait
 // before publishing them never eats into the lease; between 1 and batch.
 func (r *rateCap) claimSize(batch int, lease time.Duration) int {
 	if r == nil {
 		return batch
 	}
-	pace := min(time.Second, lease/3)
+	pace := min(claimPace, lease/3)
 	return max(1, min(batch, int(float64(r.limiter.Limit())*pace.Seconds())))
 }
 

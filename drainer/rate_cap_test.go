@@ -10,15 +10,15 @@ import (
 )
 
 var _ = Describe("The rate cap", func() {
-	It("claims a second's worth of the share, a third of a lease's at most, and at least one row", func() {
+	It("claims a tenth of a second's worth of the share, a third of a lease's at most, and at least one row", func() {
 		var none *rateCap
 		Expect(none.claimSize(500, 30*time.Second)).To(Equal(500), "no cap: the batch")
 		Expect(none.take(500)).To(BeZero())
-		r := newRateCap(1600, 500)
-		Expect(r.claimSize(500, 30*time.Second)).To(Equal(500))
+		r := newRateCap(16000, 500)
+		Expect(r.claimSize(500, 30*time.Second)).To(Equal(500), "the batch at most")
 		r.limiter.SetLimit(rate.Limit(400))
-		Expect(r.claimSize(500, 30*time.Second)).To(Equal(400), "a second's worth")
-		Expect(r.claimSize(500, 900*time.Millisecond)).To(Equal(120), "a third of a 900ms lease's worth")
+		Expect(r.claimSize(500, 30*time.Second)).To(Equal(40), "a tenth of a second's worth, not a second's burst")
+		Expect(r.claimSize(500, 90*time.Millisecond)).To(Equal(12), "a third of a 90ms lease's worth")
 		r.limiter.SetLimit(rate.Limit(0.5))
 		Expect(r.claimSize(500, 30*time.Second)).To(Equal(1))
 	})
