@@ -16,6 +16,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/types"
 	amqp "github.com/rabbitmq/amqp091-go"
 	appsv1 "k8s.io/api/apps/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
@@ -405,6 +406,36 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 			}, 3*time.Minute, time.Second).Should(Succeed())
 		})
 
+		It("holds the fleet to maxRate while it is set: patched to 150 events/s mid-drain, its two pods publish that together, and drain the rest once it is removed", func(ctx SpecContext) {
+			const capped = 150
+			check(ctx, "maxRate 150 set, then removed (rolling updates)", func(ctx context.Context, f *fault) {
+				before := readyPods(ctx, shop, drainerLabels)
+				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"maxRate":%d}}`, capped))
+				f.inject("kubectl patch outboxdrainer %s: maxRate %d, under %d events/s of traffic", fleetName, capped, faultTraffic)
+				waitRolledOut(ctx, f, before, fmt.Sprintf("--max-rate=%d", capped))
+				// Counted from when the ledger has caught up with the queue
+				// (the old pods drained at full speed until they stopped),
+				// over 15 s, in which the seconds a new pod takes the whole
+				// cap, until it has counted the other, weigh little.
+				ch, err := services.Broker.Channel()
+				Expect(err).NotTo(HaveOccurred())
+				defer ch.Close()
+				Eventually(func() (int, error) { return testenv.QueueDepth(ch, topology.Queue) }, time.Minute, 50*time.Millisecond).Should(BeZero())
+				from, start := ledger.Total(), time.Now()
+				time.Sleep(15 * time.Second)
+				rate := float64(ledger.Total()-from) / time.Since(start).Seconds()
+				f.note("capped at %d/s, the two pods published %.0f/s together", capped, rate)
+				Expect(rate).To(BeNumerically("<=", 1.25*capped), "the cap holds for the fleet")
+				Expect(rate).To(BeNumerically(">=", 0.5*capped), "and lets it drain")
+				Expect(outbox.Backlog(ctx)).To(BeNumerically(">", 0), "the cap, not the traffic, set the pace")
+
+				before = readyPods(ctx, shop, drainerLabels)
+				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"maxRate":null}}`)
+				f.timeline.Mark("kubectl patch outboxdrainer %s: maxRate removed", fleetName)
+				waitRolledOutWithout(ctx, f, before, "--max-rate")
+			})
+		})
+
 		It("goes on draining while the operator pod is killed, and its status resumes once a new operator pod holds the lease", func(ctx SpecContext) {
 			check(ctx, "operator pod killed (frozen, force-deleted)", func(ctx context.Context, f *fault) {
 				operators := readyPods(ctx, operatorNamespace, operatorLabels)
@@ -548,16 +579,26 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 // waitRolledOut waits until the fleet's two drainer pods are new ones,
 // Ready, run with arg, and the pods before are gone.
 func waitRolledOut(ctx context.Context, f *fault, before []string, arg string) {
+	waitPodsArgs(ctx, before, ContainElement(arg))
+	f.timeline.Mark("rolled out: 2 new drainer pods Ready with %s, the old ones gone", arg)
+}
+
+// waitRolledOutWithout is waitRolledOut for pods run without flag.
+func waitRolledOutWithout(ctx context.Context, f *fault, before []string, flag string) {
+	waitPodsArgs(ctx, before, Not(ContainElement(HavePrefix(flag))))
+	f.timeline.Mark("rolled out: 2 new drainer pods Ready without %s, the old ones gone", flag)
+}
+
+func waitPodsArgs(ctx context.Context, before []string, args types.GomegaMatcher) {
 	Eventually(func(g Gomega) {
 		list := pods(ctx, shop, drainerLabels)
 		g.Expect(list).To(HaveLen(2))
 		for _, p := range list {
 			g.Expect(ready(p)).To(BeTrue())
 			g.Expect(before).NotTo(ContainElement(p.Name))
-			g.Expect(p.Spec.Containers[0].Args).To(ContainElement(arg))
+			g.Expect(p.Spec.Containers[0].Args).To(args)
 		}
 	}, 3*time.Minute, 200*time.Millisecond).Should(Succeed())
-	f.timeline.Mark("rolled out: 2 new drainer pods Ready with %s, the old ones gone", arg)
 }
 
 func ptrTo[T any](v T) *T { return &v }
