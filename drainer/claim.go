@@ -163,7 +163,7 @@ func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
 			return d.store.LeaseHolders(ctx, d.cfg.DrainerID, d.cfg.LeaseTTL)
 		})
 		params := d.cfg.ClaimParams()
-		params.BatchSize = d.rate.claimSize(params.BatchSize, d.cfg.LeaseTTL)
+		params.BatchSize = d.rate.claimSize(params.BatchSize)
 		c.size = params.BatchSize
 		start := time.Now()
 		c.claim, c.err = d.store.Claim(ctx, params)

@@ -83,8 +83,8 @@ func cpuSince(before map[string]processCPU) cpuTimes {
 // (vmstat), the latency section's p50 was twice that of a quieter run.
 type stealWatch struct{ total, steal float64 }
 
-// readSteal starts a watch: it reads the cpu line of /proc/stat: user, nice, system, idle,
-// iowait, irq, softirq and steal, in clock ticks.
+// readSteal starts a watch from the cpu line of /proc/stat: user, nice,
+// system, idle, iowait, irq, softirq and steal, in clock ticks.
 func readSteal() stealWatch {
 	raw, err := os.ReadFile("/proc/stat")
 	if err != nil {

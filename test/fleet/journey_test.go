@@ -413,21 +413,31 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"maxRate":%d}}`, capped))
 				f.inject("kubectl patch outboxdrainer %s: maxRate %d, under %d events/s of traffic", fleetName, capped, faultTraffic)
 				waitRolledOut(ctx, f, before, fmt.Sprintf("--max-rate=%d", capped))
-				// Counted from when the ledger has caught up with the queue
-				// (the old pods drained at full speed until they stopped),
-				// over 15 s, in which the seconds a new pod takes the whole
-				// cap, until it has counted the other, weigh little.
+				// Counted once each pod holds claims, which is what the other
+				// counts to take half the cap, and once the ledger has caught
+				// up with the queue (the old pods drained at full speed until
+				// they stopped); over 15 s, in which the second before a pod
+				// next counts the other weighs little.
+				Eventually(func(g Gomega) {
+					claims, err := outbox.Claims(ctx)
+					g.Expect(err).NotTo(HaveOccurred())
+					for _, pod := range readyPods(ctx, shop, drainerLabels) {
+						g.Expect(claims).To(HaveKey(pod))
+					}
+				}, time.Minute, 50*time.Millisecond).Should(Succeed())
 				ch, err := services.Broker.Channel()
 				Expect(err).NotTo(HaveOccurred())
 				defer ch.Close()
 				Eventually(func() (int, error) { return testenv.QueueDepth(ch, topology.Queue) }, time.Minute, 50*time.Millisecond).Should(BeZero())
+				backlog, err := outbox.Backlog(ctx)
+				Expect(err).NotTo(HaveOccurred())
 				from, start := ledger.Total(), time.Now()
 				time.Sleep(15 * time.Second)
 				rate := float64(ledger.Total()-from) / time.Since(start).Seconds()
 				f.note("capped at %d/s, the two pods published %.0f/s together", capped, rate)
 				Expect(rate).To(BeNumerically("<=", 1.25*capped), "the cap holds for the fleet")
 				Expect(rate).To(BeNumerically(">=", 0.5*capped), "and lets it drain")
-				Expect(outbox.Backlog(ctx)).To(BeNumerically(">", 0), "the cap, not the traffic, set the pace")
+				Expect(outbox.Backlog(ctx)).To(BeNumerically(">", backlog), "the cap, not the traffic, set the pace: the backlog grew")
 
 				before = readyPods(ctx, shop, drainerLabels)
 				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"maxRate":null}}`)
