@@ -16,6 +16,7 @@ import (
 // It returns once ctx has ended.
 func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 	defer d.hush.Close()
+	defer d.roster.Close()
 	retry := newRetryBackoff()
 	var next *pendingClaim
 	// followUp is set after a wake-up: rows whose transactions skipped
@@ -159,9 +160,7 @@ func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
 		defer close(c.done)
 		ctx, cancel := context.WithTimeout(hardStop, d.cfg.LeaseTTL/2)
 		defer cancel()
-		d.rate.refresh(ctx, func(ctx context.Context) (int, error) {
-			return d.store.LeaseHolders(ctx, d.cfg.DrainerID, d.cfg.LeaseTTL)
-		})
+		d.rate.refresh(ctx, time.Now(), d.roster.Others)
 		params := d.cfg.ClaimParams()
 		params.BatchSize = d.rate.claimSize(params.BatchSize)
 		c.size = params.BatchSize

@@ -75,10 +75,12 @@ type Drainer struct {
 	wake chan struct{}
 	// liveness is what /healthz reports.
 	liveness liveness
-	// pushback, strikes and hush belong to the claim loop's goroutine.
+	// pushback, strikes, hush and roster belong to the claim loop's
+	// goroutine.
 	pushback pushback
 	strikes  strikes
 	hush     *NotifyHush
+	roster   *Roster
 	// held are the claims in phases 2 and 3.
 	held heldClaims
 	// rotateBroker asks for a reconnect between batches: the broker URL
@@ -112,6 +114,7 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		pushback: pushback{backoff: newRetryBackoff()},
 		strikes:  strikes{},
 		hush:     store.NotifyHush(cfg.Table),
+		roster:   store.Roster(cfg.Table),
 		held:     heldClaims{tokens: map[int64]int{}},
 		rate:     newRateCap(cfg.MaxRate, cfg.BatchSize),
 	}

@@ -11,10 +11,15 @@ import (
 // rateCap is --max-rate: the events per second that all the drainers of one
 // table publish together, at most, so that a backlog drains at a pace the
 // application's own commits can live beside. Each drainer takes an equal
-// share among the drainers it finds holding claims on the table, counted
-// from the leases every shareInterval: the cap holds as a fleet scales, with
-// no restart and no coordination but the outbox itself. A drainer that is
-// idle holds no claim, and leaves its share to the others.
+// share among the drainers running on the table, counted every
+// shareInterval from a lock that each holds in shared mode (Roster): the
+// cap holds as a fleet scales, with no restart and no coordination but the
+// database itself.
+//
+// Counting the drainers that held claims instead missed the ones keeping up
+// with a shallow backlog, which hold claims only between a claim and its
+// settle; the others then took the whole cap, and a fleet of two capped at
+// 150 events/s published 164-196 a second under 300 events/s of commits.
 type rateCap struct {
 	total   float64
 	batch   int
@@ -54,17 +59,17 @@ func (r *rateCap) setShare(perSecond float64) {
 }
 
 // refresh sets this drainer's share once a shareInterval, from the number
-// of other drainers holding claims. Until the count succeeds the share
-// stays as it was: the whole cap at first, which one drainer alone may use.
-func (r *rateCap) refresh(ctx context.Context, others func(context.Context) (int, error)) {
-	if r == nil || time.Since(r.counted) < shareInterval {
+// of other drainers running. Until the count succeeds the share stays as it
+// was: the whole cap at first, which one drainer alone may use.
+func (r *rateCap) refresh(ctx context.Context, now time.Time, others func(context.Context) (int, error)) {
+	if r == nil || now.Sub(r.counted) < shareInterval {
 		return
 	}
 	n, err := others(ctx)
 	if err != nil {
 		return
 	}
-	r.counted = time.Now()
+	r.counted = now
 	r.setShare(r.total / float64(n+1))
 }
 

@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -40,15 +41,20 @@ var _ = Describe("The rate cap", func() {
 		Expect(r.limiter.Burst()).To(Equal(1))
 	})
 
-	It("shares the cap among the drainers holding claims, counted once a second", func(ctx SpecContext) {
+	It("shares the cap among the drainers running, counted once a second", func(ctx SpecContext) {
 		r := newRateCap(900, 100)
 		counted := 0
-		r.refresh(ctx, func(context.Context) (int, error) { counted++; return 2, nil })
+		start := time.Now()
+		r.refresh(ctx, start, func(context.Context) (int, error) { counted++; return 2, nil })
 		Expect(float64(r.limiter.Limit())).To(Equal(300.0))
 		Expect(r.limiter.Burst()).To(Equal(100), "a second of the share, within the batch")
-		r.refresh(ctx, func(context.Context) (int, error) { counted++; return 0, nil })
+		r.refresh(ctx, start.Add(900*time.Millisecond), func(context.Context) (int, error) { counted++; return 0, nil })
 		Expect(counted).To(Equal(1), "not again within a second")
 		Expect(float64(r.limiter.Limit())).To(Equal(300.0))
+		r.refresh(ctx, start.Add(time.Second), func(context.Context) (int, error) { return 0, errors.New("connection refused") })
+		Expect(float64(r.limiter.Limit())).To(Equal(300.0), "a failed count keeps the share")
+		r.refresh(ctx, start.Add(2*time.Second), func(context.Context) (int, error) { return 0, nil })
+		Expect(float64(r.limiter.Limit())).To(Equal(900.0), "alone, the whole cap")
 	})
 
 	It("holds two drainers of one table to --max-rate together, each publishing its share", Label("integration"), func(ctx SpecContext) {
@@ -77,5 +83,55 @@ var _ = Describe("The rate cap", func() {
 			by[id] = count(ctx, spec.Name, "published_at IS NOT NULL AND claimed_by = $1", id)
 			Expect(by[id]).To(BeNumerically(">", 0), "each published its share: %v", by)
 		}
+	})
+
+	It("keeps each drainer to half the cap while both keep up with the commits, between claims as much as in them", Label("integration"), func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		_, err := InstallNotifyTrigger(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		topo := topology("#", nil)
+		const capped, commits = 150.0, 100
+		// Below the cap, each drainer claims a row or two at each commit's
+		// notification and holds no claim most of the time. Counted by the
+		// claims they held, each missed the other, and took the whole cap
+		// that a burst of commits would then have drained at.
+		done, wrote := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer GinkgoRecover()
+			defer close(wrote)
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-done:
+					return
+				case <-tick.C:
+					seed(ctx, spec.Name, commits/100)
+				}
+			}
+		}()
+		defer func() { close(done); <-wrote }()
+		var drainers []*running
+		for _, id := range []string{"drainer-a", "drainer-b"} {
+			cfg := testConfig(id, spec, topo.Exchange)
+			cfg.MaxRate = capped
+			cfg.PollInterval = DefaultConfig().PollInterval
+			drainers = append(drainers, startDrainer(ctx, cfg))
+		}
+		halves := func(g Gomega) {
+			for _, d := range drainers {
+				g.Expect(float64(d.rate.limiter.Limit())).To(Equal(capped/2), "%s's share", d.cfg.DrainerID)
+			}
+		}
+		// Once each has counted the other, after its first second.
+		Eventually(halves, drainTimeout, 20*time.Millisecond).Should(Succeed())
+		Consistently(halves, 8*time.Second, 20*time.Millisecond).Should(Succeed())
+		Expect(count(ctx, spec.Name, "published_at IS NULL AND enqueued_at < now() - interval '1 second'")).To(BeZero(), "they kept up")
+
+		// A drainer that stops leaves the roster with its session, and the
+		// other takes the whole cap at its next count.
+		drainers[0].stop()
+		Eventually(drainers[0].exited, 30*time.Second).Should(BeClosed())
+		Eventually(func() float64 { return float64(drainers[1].rate.limiter.Limit()) }, 5*time.Second, 20*time.Millisecond).Should(Equal(capped))
 	})
 })

@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -357,16 +358,6 @@ func (s *Store) ReleaseHeld(ctx context.Context, drainerID string, lease time.Du
 	return tag.RowsAffected(), nil
 }
 
-// LeaseHolders counts the other drainers that hold claims on the table.
-func (s *Store) LeaseHolders(ctx context.Context, drainerID string, lease time.Duration) (int, error) {
-	stmt := s.table.LeaseHolders(drainerID, lease)
-	var n int
-	if err := s.pool.QueryRow(ctx, stmt.SQL, stmt.Args...).Scan(&n); err != nil {
-		return 0, fmt.Errorf("count the drainers holding claims on %s: %w", s.table.Name(), err)
-	}
-	return n, nil
-}
-
 // Prune runs one retention statement in bounded batches until a batch comes
 // back short, and returns how many rows it deleted. Each batch is its own
 // short transaction, so no lock is held for long.
@@ -513,6 +504,66 @@ func (h *NotifyHush) Close() {
 		_ = h.conn.Close(ctx)
 	}
 	h.conn, h.held = nil, false
+}
+
+// Roster is a session of its own on which a capped drainer holds the
+// table's roster lock in shared mode, and counts the other holders to take
+// its share of --max-rate. The session ending lets go of the lock, so a
+// drainer that dies or stops is out of the count at once. Used by one
+// claim at a time.
+type Roster struct {
+	pool *pgxpool.Pool
+	spec TableSpec
+	conn *pgx.Conn
+}
+
+// Roster returns spec's roster, not yet joined.
+func (s *Store) Roster(spec TableSpec) *Roster { return &Roster{pool: s.pool, spec: spec} }
+
+// rosterTimeout bounds joining and counting; the count is only tried again a
+// second later.
+const rosterTimeout = time.Second
+
+// Others joins the roster if this drainer has not, or has lost its session,
+// and counts the other drainers in it.
+func (r *Roster) Others(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, rosterTimeout)
+	defer cancel()
+	if r.conn == nil {
+		pc, err := r.pool.Acquire(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("join the drainers of %s: %w", r.spec.Name, err)
+		}
+		// Hijacked, it leaves the pool: the lock is the session's.
+		r.conn = pc.Hijack()
+		join := r.spec.RosterJoin()
+		var joined bool
+		err = r.conn.QueryRow(ctx, join.SQL, join.Args...).Scan(&joined)
+		if err == nil && !joined {
+			err = errors.New("a session other than a drainer's holds its roster lock exclusively")
+		}
+		if err != nil {
+			r.Close()
+			return 0, fmt.Errorf("join the drainers of %s: %w", r.spec.Name, err)
+		}
+	}
+	stmt := r.spec.RosterOthers()
+	var n int
+	if err := r.conn.QueryRow(ctx, stmt.SQL, stmt.Args...).Scan(&n); err != nil {
+		r.Close()
+		return 0, fmt.Errorf("count the drainers of %s: %w", r.spec.Name, err)
+	}
+	return n, nil
+}
+
+// Close ends the session, and with it this drainer's place in the roster.
+func (r *Roster) Close() {
+	if r.conn != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+		defer cancel()
+		_ = r.conn.Close(ctx)
+	}
+	r.conn = nil
 }
 
 // Ping checks that the database answers.

@@ -616,19 +616,6 @@ WHERE %[3]s = $1 AND %[5]s IS NULL AND %[4]s > now() AND %[4]s <= now() + $2 * i
 	}
 }
 
-// LeaseHolders renders the count of the drainers other than drainerID that
-// hold claims: a live lease's row is due within a lease from now, so the
-// count reads only that stretch of the claim index, the rows in flight.
-func (t *Table) LeaseHolders(drainerID string, lease time.Duration) Statement {
-	c := t.cols
-	return Statement{
-		SQL: fmt.Sprintf(`SELECT count(DISTINCT %[1]s) FROM %[2]s
-WHERE %[1]s <> $1 AND %[3]s IS NULL AND %[4]s > now() AND %[4]s <= now() + $2 * interval '1 millisecond'`,
-			q(c.ClaimedBy), t.ident, q(c.PublishedAt), q(c.AvailableAt)),
-		Args: []any{drainerID, lease.Milliseconds()},
-	}
-}
-
 // PrunePublished renders one bounded batch of retention: published rows older
 // than the window. SKIP LOCKED, so drainers pruning at once share the work.
 func (t *Table) PrunePublished(window time.Duration, limit int) Statement {

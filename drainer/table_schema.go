@@ -48,7 +48,6 @@ const (
 const canonicalFillfactor = 50
 
 // CreateTable renders the canonical table, under the spec's column names.
-// CreateTable renders the canonical table, under the spec's column names.
 func (s TableSpec) CreateTable() Statement {
 	schema, name := s.QualifiedName()
 	var defs []string
@@ -316,6 +315,35 @@ func (s TableSpec) NotifyHush() Statement {
 // NotifyUnhush renders the release of NotifyHush's lock.
 func (s TableSpec) NotifyUnhush() Statement {
 	return Statement{SQL: "SELECT pg_advisory_unlock_shared(" + notifyLock("$1") + ")", Args: []any{s.NotifyChannel()}}
+}
+
+// rosterLock is the key of the advisory lock that every capped drainer of
+// the table holds in shared mode on a session of its own (Roster), for the
+// table named by $1: its holders are the drainers running, whatever they
+// hold or wait for. Advisory locks are the database's, so the same table
+// name in another database is another roster.
+const rosterLock = "hashtext('spillway.roster'), hashtext($1)"
+
+// rosterTable is the roster statements' $1.
+func (s TableSpec) rosterTable() string {
+	schema, name := s.QualifiedName()
+	return schema + "." + name
+}
+
+// RosterJoin renders the take of the roster lock, in shared mode so that it
+// never waits on another drainer's.
+func (s TableSpec) RosterJoin() Statement {
+	return Statement{SQL: "SELECT pg_try_advisory_lock_shared(" + rosterLock + ")", Args: []any{s.rosterTable()}}
+}
+
+// RosterOthers renders the count of the other sessions holding the roster
+// lock, run on the session holding it. pg_locks shows an advisory key of
+// two int4 as classid and objid, with objsubid 2.
+func (s TableSpec) RosterOthers() Statement {
+	return Statement{SQL: `SELECT count(*) FROM pg_locks, (SELECT ` + rosterLock + `) AS k(k1, k2)
+WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
+	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+	AND classid = k1::oid AND objid = k2::oid AND objsubid = 2`, Args: []any{s.rosterTable()}}
 }
 
 // quoteLiteral quotes a string as an SQL literal. Only used for names that

@@ -377,7 +377,7 @@ type OutboxDrainerSpec struct {
 	// MaxRate caps the events per second the fleet publishes, all its
 	// drainers together, so that a backlog drains at a pace the
 	// application's database can live beside. Each drainer takes an equal
-	// share among the drainers holding claims on the table. Unset: no cap.
+	// share among the drainers running on the table. Unset: no cap.
 	// +kubebuilder:validation:Minimum=1
 	// +optional
 	MaxRate *int64 `json:"maxRate,omitempty"`

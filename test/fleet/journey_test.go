@@ -413,11 +413,10 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"maxRate":%d}}`, capped))
 				f.inject("kubectl patch outboxdrainer %s: maxRate %d, under %d events/s of traffic", fleetName, capped, faultTraffic)
 				waitRolledOut(ctx, f, before, fmt.Sprintf("--max-rate=%d", capped))
-				// Counted once each pod holds claims, which is what the other
-				// counts to take half the cap, and once the ledger has caught
+				// Counted once each pod drains, and once the ledger has caught
 				// up with the queue (the old pods drained at full speed until
-				// they stopped); over 15 s, in which the second before a pod
-				// next counts the other weighs little.
+				// they stopped); over 15 s, in which the second before the
+				// first pod next counts the second weighs little.
 				Eventually(func(g Gomega) {
 					claims, err := outbox.Claims(ctx)
 					g.Expect(err).NotTo(HaveOccurred())
@@ -435,11 +434,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				time.Sleep(15 * time.Second)
 				rate := float64(ledger.Total()-from) / time.Since(start).Seconds()
 				f.note("capped at %d/s, the two pods published %.0f/s together", capped, rate)
-				// Not yet within a quarter: over five runs the fleet published
-				// 159-196/s at 150 (with one-second claims too, 171/s), more
-				// than each pod's refresh explains; an open defect of the
-				// share count, bounded here so that it cannot grow unseen.
-				Expect(rate).To(BeNumerically("<=", 1.5*capped), "the cap holds for the fleet")
+				Expect(rate).To(BeNumerically("<=", 1.25*capped), "the cap holds for the fleet")
 				Expect(rate).To(BeNumerically(">=", 0.5*capped), "and lets it drain")
 				Expect(outbox.Backlog(ctx)).To(BeNumerically(">", backlog), "the cap, not the traffic, set the pace: the backlog grew")
 
