@@ -160,7 +160,10 @@ func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
 		defer close(c.done)
 		ctx, cancel := context.WithTimeout(hardStop, d.cfg.LeaseTTL/2)
 		defer cancel()
-		d.rate.refresh(ctx, time.Now(), d.roster.Others)
+		if err := d.rate.refresh(ctx, time.Now(), d.roster.Others); err != nil {
+			d.log.Warn("Could not count the drainers sharing --max-rate; keeping this one's share until the next count",
+				"error", err, "perSecond", float64(d.rate.limiter.Limit()))
+		}
 		params := d.cfg.ClaimParams()
 		params.BatchSize = d.rate.claimSize(params.BatchSize)
 		c.size = params.BatchSize

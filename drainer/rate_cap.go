@@ -59,18 +59,20 @@ func (r *rateCap) setShare(perSecond float64) {
 }
 
 // refresh sets this drainer's share once a shareInterval, from the number
-// of other drainers running. Until the count succeeds the share stays as it
-// was: the whole cap at first, which one drainer alone may use.
-func (r *rateCap) refresh(ctx context.Context, now time.Time, others func(context.Context) (int, error)) {
+// of other drainers running. A failed count keeps the share as it was (the
+// whole cap at first, which one drainer alone may use), and is tried again
+// a shareInterval later, not at every claim.
+func (r *rateCap) refresh(ctx context.Context, now time.Time, others func(context.Context) (int, error)) error {
 	if r == nil || now.Sub(r.counted) < shareInterval {
-		return
-	}
-	n, err := others(ctx)
-	if err != nil {
-		return
+		return nil
 	}
 	r.counted = now
+	n, err := others(ctx)
+	if err != nil {
+		return err
+	}
 	r.setShare(r.total / float64(n+1))
+	return nil
 }
 
 // claimPace is the share of time one capped claim takes rows for. A capped

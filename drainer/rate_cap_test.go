@@ -45,15 +45,20 @@ var _ = Describe("The rate cap", func() {
 		r := newRateCap(900, 100)
 		counted := 0
 		start := time.Now()
-		r.refresh(ctx, start, func(context.Context) (int, error) { counted++; return 2, nil })
+		count := func(after time.Duration, others int, err error) error {
+			return r.refresh(ctx, start.Add(after), func(context.Context) (int, error) { counted++; return others, err })
+		}
+		Expect(count(0, 2, nil)).To(Succeed())
 		Expect(float64(r.limiter.Limit())).To(Equal(300.0))
 		Expect(r.limiter.Burst()).To(Equal(100), "a second of the share, within the batch")
-		r.refresh(ctx, start.Add(900*time.Millisecond), func(context.Context) (int, error) { counted++; return 0, nil })
+		Expect(count(900*time.Millisecond, 0, nil)).To(Succeed())
 		Expect(counted).To(Equal(1), "not again within a second")
 		Expect(float64(r.limiter.Limit())).To(Equal(300.0))
-		r.refresh(ctx, start.Add(time.Second), func(context.Context) (int, error) { return 0, errors.New("connection refused") })
+		Expect(count(time.Second, 0, errors.New("connection refused"))).To(MatchError("connection refused"))
 		Expect(float64(r.limiter.Limit())).To(Equal(300.0), "a failed count keeps the share")
-		r.refresh(ctx, start.Add(2*time.Second), func(context.Context) (int, error) { return 0, nil })
+		Expect(count(1500*time.Millisecond, 0, nil)).To(Succeed())
+		Expect(counted).To(Equal(2), "and is tried again a second later, not at the next claim")
+		Expect(count(2*time.Second, 0, nil)).To(Succeed())
 		Expect(float64(r.limiter.Limit())).To(Equal(900.0), "alone, the whole cap")
 	})
 
