@@ -8,6 +8,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"golang.org/x/time/rate"
+
+	"github.com/spillway-io/spillway/test/testenv"
 )
 
 var _ = Describe("The rate cap", func() {
@@ -100,22 +102,11 @@ var _ = Describe("The rate cap", func() {
 		// notification and holds no claim most of the time. Counted by the
 		// claims they held, each missed the other, and took the whole cap
 		// that a burst of commits would then have drained at.
-		done, wrote := make(chan struct{}), make(chan struct{})
-		go func() {
-			defer GinkgoRecover()
-			defer close(wrote)
-			tick := time.NewTicker(10 * time.Millisecond)
-			defer tick.Stop()
-			for {
-				select {
-				case <-done:
-					return
-				case <-tick.C:
-					seed(ctx, spec.Name, commits/100)
-				}
-			}
+		traffic := testenv.StartTraffic(testenv.Outbox{DB: pool, Table: spec.Name}, commits)
+		defer func() {
+			_, err := traffic.Stop()
+			Expect(err).NotTo(HaveOccurred())
 		}()
-		defer func() { close(done); <-wrote }()
 		var drainers []*running
 		for _, id := range []string{"drainer-a", "drainer-b"} {
 			cfg := testConfig(id, spec, topo.Exchange)
