@@ -15,6 +15,7 @@ type Metrics struct {
 	InFlight       prometheus.Gauge
 	LastPublish    prometheus.Gauge
 	Listening      prometheus.Gauge
+	RateShare      prometheus.Gauge
 	Pruned         *prometheus.CounterVec
 }
 
@@ -42,10 +43,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LastPublish: prometheus.NewGauge(prometheus.GaugeOpts(opts("last_publish_timestamp_seconds", "Unix time of the last confirmed publish."))),
 		Listening: prometheus.NewGauge(prometheus.GaugeOpts(opts("listening",
 			"1 while a LISTEN session on the table's notify channel is up and inserts wake the drainer at once; 0 while it relies on the poll."))),
+		RateShare: prometheus.NewGauge(prometheus.GaugeOpts(opts("rate_share_events_per_second",
+			"This drainer's share of --max-rate: the cap divided among the drainers running on the table (0 without a cap)."))),
 		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts(opts("pruned_rows_total",
 			"Rows deleted by retention, by kind (published; unpublished: past unpublishedMaxAge, never delivered).")), []string{"kind"}),
 	}
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
-		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.Pruned)
+		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.RateShare, m.Pruned)
 	return m
 }

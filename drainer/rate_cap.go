@@ -52,6 +52,14 @@ func (r *rateCap) burst(perSecond float64) int {
 	return max(1, min(r.batch, int(math.Ceil(perSecond))))
 }
 
+// share is this drainer's events per second, 0 without a cap.
+func (r *rateCap) share() float64 {
+	if r == nil {
+		return 0
+	}
+	return float64(r.limiter.Limit())
+}
+
 // setShare sets this drainer's events per second.
 func (r *rateCap) setShare(perSecond float64) {
 	r.limiter.SetLimit(rate.Limit(perSecond))

@@ -7,6 +7,7 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/time/rate"
 
 	"github.com/spillway-io/spillway/test/testenv"
@@ -122,6 +123,9 @@ var _ = Describe("The rate cap", func() {
 		// Once each has counted the other, after its first second.
 		Eventually(halves, drainTimeout, 20*time.Millisecond).Should(Succeed())
 		Consistently(halves, 8*time.Second, 20*time.Millisecond).Should(Succeed())
+		for _, d := range drainers {
+			Expect(testutil.ToFloat64(d.metrics.RateShare)).To(Equal(capped/2), "%s's spillway_drainer_rate_share_events_per_second", d.cfg.DrainerID)
+		}
 		Expect(count(ctx, spec.Name, "published_at IS NULL AND enqueued_at < now() - interval '1 second'")).To(BeZero(), "they kept up")
 
 		// A drainer that stops leaves the roster with its session, and the
