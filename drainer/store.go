@@ -462,14 +462,12 @@ func (h *NotifyHush) Hush(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, hushTimeout)
 	defer cancel()
 	if h.conn == nil {
-		pc, err := h.pool.Acquire(ctx)
+		conn, err := ownSession(ctx, h.pool)
 		if err != nil {
 			h.quietUntil = time.Now().Add(hushRetry)
 			return fmt.Errorf("hush notifications on %s: %w", h.spec.NotifyChannel(), err)
 		}
-		// Hijacked, it leaves the pool: the lock is the session's, and must
-		// not go with it to a claim.
-		h.conn = pc.Hijack()
+		h.conn = conn
 	}
 	stmt := h.spec.NotifyHush()
 	if err := h.conn.QueryRow(ctx, stmt.SQL, stmt.Args...).Scan(&h.held); err != nil {
@@ -498,12 +496,28 @@ func (h *NotifyHush) Unhush(ctx context.Context) error {
 
 // Close ends the session, and with it the hush.
 func (h *NotifyHush) Close() {
-	if h.conn != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		defer cancel()
-		_ = h.conn.Close(ctx)
-	}
+	closeSession(h.conn)
 	h.conn, h.held = nil, false
+}
+
+// ownSession takes a connection out of the pool for a session-level lock,
+// which must not go with it to a claim.
+func ownSession(ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, error) {
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pc.Hijack(), nil
+}
+
+// closeSession ends a session of ownSession's, and with it its locks.
+func closeSession(conn *pgx.Conn) {
+	if conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	defer cancel()
+	_ = conn.Close(ctx)
 }
 
 // Roster is a session of its own on which a capped drainer holds the
@@ -530,12 +544,11 @@ func (r *Roster) Others(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, rosterTimeout)
 	defer cancel()
 	if r.conn == nil {
-		pc, err := r.pool.Acquire(ctx)
+		conn, err := ownSession(ctx, r.pool)
 		if err != nil {
 			return 0, fmt.Errorf("join the drainers of %s: %w", r.spec.Name, err)
 		}
-		// Hijacked, it leaves the pool: the lock is the session's.
-		r.conn = pc.Hijack()
+		r.conn = conn
 		join := r.spec.RosterJoin()
 		var joined bool
 		err = r.conn.QueryRow(ctx, join.SQL, join.Args...).Scan(&joined)
@@ -558,11 +571,7 @@ func (r *Roster) Others(ctx context.Context) (int, error) {
 
 // Close ends the session, and with it this drainer's place in the roster.
 func (r *Roster) Close() {
-	if r.conn != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
-		defer cancel()
-		_ = r.conn.Close(ctx)
-	}
+	closeSession(r.conn)
 	r.conn = nil
 }
 

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -413,17 +414,17 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", fmt.Sprintf(`{"spec":{"maxRate":%d}}`, capped))
 				f.inject("kubectl patch outboxdrainer %s: maxRate %d, under %d events/s of traffic", fleetName, capped, faultTraffic)
 				waitRolledOut(ctx, f, before, fmt.Sprintf("--max-rate=%d", capped))
-				// Counted once each pod drains, and once the ledger has caught
-				// up with the queue (the old pods drained at full speed until
-				// they stopped); over 15 s, in which the second before the
-				// first pod next counts the second weighs little.
-				Eventually(func(g Gomega) {
-					claims, err := outbox.Claims(ctx)
-					g.Expect(err).NotTo(HaveOccurred())
-					for _, pod := range readyPods(ctx, shop, drainerLabels) {
-						g.Expect(claims).To(HaveKey(pod))
-					}
-				}, time.Minute, 50*time.Millisecond).Should(Succeed())
+				// Counted once the two pods are in the table's roster, which
+				// is what each counts to take half the cap (and only they:
+				// the old pods left it as their sessions ended), and once the
+				// ledger has caught up with the queue (the old pods drained at
+				// full speed until they stopped); over 15 s, in which the
+				// second before the first pod next counts weighs little.
+				roster := drainer.TableSpec{Name: outbox.Table}.RosterOthers()
+				Eventually(func() (int, error) {
+					var n int
+					return n, outbox.DB.QueryRow(ctx, roster.SQL, roster.Args...).Scan(&n)
+				}, time.Minute, 50*time.Millisecond).Should(Equal(2))
 				ch, err := services.Broker.Channel()
 				Expect(err).NotTo(HaveOccurred())
 				defer ch.Close()
