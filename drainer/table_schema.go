@@ -42,9 +42,11 @@ const (
 )
 
 // canonicalFillfactor leaves half of each page free when rows are inserted,
-// so that a claim or a release (which change no indexed column) can put the
-// row's new version on the same page: a HOT update, with no index writes.
-// In the benchmark this cut the drainer's Postgres CPU by about a third.
+// so that the versions a claim and a settle write can stay on the row's page.
+// They are not HOT updates (both move a column the indexes read), but an
+// update on the same page logs only the bytes that changed, where one to
+// another page logs the whole row: claiming and marking 50,000 rows after a
+// checkpoint wrote 1,197 kB of WAL per 1,000 events at 50, 1,520 kB at 100.
 const canonicalFillfactor = 50
 
 // CreateTable renders the canonical table, under the spec's column names.
