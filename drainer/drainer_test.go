@@ -349,58 +349,72 @@ var _ = Describe("Failures", Label("integration"), func() {
 })
 
 var _ = Describe("The drainer's plans", Label("integration"), func() {
-	It("stay index scans of the claim index and TID scans under generic plans, never a scan of the table", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
-		seed(ctx, spec.Name, 20_000)
-		exec(ctx, "ANALYZE "+spec.Name)
-		store, err := OpenStore(ctx, pool, spec)
-		Expect(err).NotTo(HaveOccurred())
-		t := store.Table()
-		leases := []Lease{{Row: Locator{Table: 1, TID: pgtype.TID{BlockNumber: 1, OffsetNumber: 1, Valid: true}}, Token: time.Now()}}
-		policy := FailurePolicy{InitialMillis: 1000, MaxMillis: 1000, MaxAttempts: 10}
-
-		conn, err := pool.Acquire(ctx)
-		Expect(err).NotTo(HaveOccurred())
-		defer conn.Release()
-		_, err = conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
-		Expect(err).NotTo(HaveOccurred())
-		defer conn.Exec(ctx, "RESET plan_cache_mode") //nolint:errcheck
-		// plan EXPLAINs the statement's generic plan, with its own arguments
-		// written as literals: EXPLAIN EXECUTE takes no bound parameters.
-		plan := func(stmt Statement) string {
-			desc, err := conn.Conn().Prepare(ctx, "drainer_plan", stmt.SQL)
-			Expect(err).NotTo(HaveOccurred(), stmt.SQL)
-			defer conn.Conn().Deallocate(ctx, "drainer_plan") //nolint:errcheck
-			var literals []string
-			for i, arg := range stmt.Args {
-				text, err := conn.Conn().TypeMap().Encode(desc.ParamOIDs[i], pgtype.TextFormatCode, arg, nil)
-				Expect(err).NotTo(HaveOccurred())
-				literals = append(literals, quoteLiteral(string(text)))
+	// settlesFind is the condition by which every settle must find each
+	// lease's own row, not every lease against every row.
+	DescribeTable("stay index scans of the claim index and TID scans under generic plans, never a scan of the table",
+		func(ctx SpecContext, idIndex bool, settlesFind string) {
+			spec := canonicalOutbox(ctx)
+			if !idIndex {
+				exec(ctx, "ALTER TABLE "+spec.Name+" DROP CONSTRAINT "+spec.objectName("_pkey"))
 			}
-			rows, err := conn.Query(ctx, "EXPLAIN EXECUTE drainer_plan("+strings.Join(literals, ", ")+")")
-			Expect(err).NotTo(HaveOccurred())
-			lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-			Expect(err).NotTo(HaveOccurred())
-			return strings.Join(lines, "\n")
-		}
-		claim := plan(t.Claim(claimParams("d", 100)))
-		Expect(claim).To(ContainSubstring("Index Scan using " + spec.objectName(claimIndexSuffix)))
-		Expect(claim).To(ContainSubstring("Tid Scan"))
-		for name, stmt := range map[string]Statement{
-			"claim":     t.Claim(claimParams("d", 100)),
-			"published": t.MarkPublished("d", leases),
-			"deleted":   t.DeletePublished("d", leases),
-			"failed":    t.RecordFailures("d", leases, []string{"x"}, policy),
-			"released":  t.Release("d", leases),
-			"held":      t.ReleaseHeld("d", 30*time.Second, nil),
-		} {
-			p := plan(stmt)
-			Expect(p).NotTo(ContainSubstring("Seq Scan on "+spec.objectName("")), name)
-			if name != "claim" && name != "held" {
-				// Each lease's own row, not every lease against every row.
-				Expect(p).To(ContainSubstring("TID Cond: (ctid = s.tid)"), name)
-				Expect(p).NotTo(ContainSubstring("Join Filter"), name)
-			}
-		}
-	})
+			seed(ctx, spec.Name, 20_000)
+			exec(ctx, "ANALYZE "+spec.Name)
+			expectPlans(ctx, spec, settlesFind)
+		},
+		Entry("settles find rows through the index on the id, which prunes their pages", true, "Index Cond: (id = (s.id)::uuid)"),
+		Entry("settles find rows by TID on a table without one", false, "TID Cond: (ctid = s.tid)"),
+	)
 })
+
+// expectPlans checks the generic plans of the claim and of every settle on
+// spec's table.
+func expectPlans(ctx context.Context, spec TableSpec, settlesFind string) {
+	store, err := OpenStore(ctx, pool, spec)
+	Expect(err).NotTo(HaveOccurred())
+	t := store.Table()
+	leases := []Lease{{ID: "00000000-0000-0000-0000-000000000001", Row: Locator{Table: 1, TID: pgtype.TID{BlockNumber: 1, OffsetNumber: 1, Valid: true}}, Token: time.Now()}}
+	policy := FailurePolicy{InitialMillis: 1000, MaxMillis: 1000, MaxAttempts: 10}
+
+	conn, err := pool.Acquire(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan")
+	Expect(err).NotTo(HaveOccurred())
+	defer conn.Exec(ctx, "RESET plan_cache_mode") //nolint:errcheck
+	// plan EXPLAINs the statement's generic plan, with its own arguments
+	// written as literals: EXPLAIN EXECUTE takes no bound parameters.
+	plan := func(stmt Statement) string {
+		desc, err := conn.Conn().Prepare(ctx, "drainer_plan", stmt.SQL)
+		Expect(err).NotTo(HaveOccurred(), stmt.SQL)
+		defer conn.Conn().Deallocate(ctx, "drainer_plan") //nolint:errcheck
+		var literals []string
+		for i, arg := range stmt.Args {
+			text, err := conn.Conn().TypeMap().Encode(desc.ParamOIDs[i], pgtype.TextFormatCode, arg, nil)
+			Expect(err).NotTo(HaveOccurred())
+			literals = append(literals, quoteLiteral(string(text)))
+		}
+		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE drainer_plan("+strings.Join(literals, ", ")+")")
+		Expect(err).NotTo(HaveOccurred())
+		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		Expect(err).NotTo(HaveOccurred())
+		return strings.Join(lines, "\n")
+	}
+	claim := plan(t.Claim(claimParams("d", 100)))
+	Expect(claim).To(ContainSubstring("Index Scan using " + spec.objectName(claimIndexSuffix)))
+	Expect(claim).To(ContainSubstring("Tid Scan"))
+	for name, stmt := range map[string]Statement{
+		"claim":     t.Claim(claimParams("d", 100)),
+		"published": t.MarkPublished("d", leases),
+		"deleted":   t.DeletePublished("d", leases),
+		"failed":    t.RecordFailures("d", leases, []string{"x"}, policy),
+		"released":  t.Release("d", leases),
+		"held":      t.ReleaseHeld("d", 30*time.Second, nil),
+	} {
+		p := plan(stmt)
+		Expect(p).NotTo(ContainSubstring("Seq Scan on "+spec.objectName("")), name)
+		if name != "claim" && name != "held" {
+			Expect(p).To(ContainSubstring(settlesFind), name)
+			Expect(p).NotTo(ContainSubstring("Join Filter"), name)
+		}
+	}
+}

@@ -6,8 +6,11 @@ import (
 )
 
 var _ = Describe("Settling", Label("integration"), func() {
-	It("is fenced on the claim itself: an older batch's failure does not touch the row its own drainer re-claimed", func(ctx SpecContext) {
+	DescribeTable("is fenced on the claim itself: an older batch's failure does not touch the row its own drainer re-claimed", func(ctx SpecContext, idIndex bool) {
 		spec := canonicalOutbox(ctx)
+		if !idIndex {
+			exec(ctx, "ALTER TABLE "+spec.Name+" DROP CONSTRAINT "+spec.objectName("_pkey"))
+		}
 		seed(ctx, spec.Name, 1)
 		store, err := OpenStore(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
@@ -30,7 +33,10 @@ var _ = Describe("Settling", Label("integration"), func() {
 		Expect(done.Published).To(Equal(int64(1)))
 		Expect(count(ctx, spec.Name, "published_at IS NOT NULL AND attempts = 0")).To(Equal(1),
 			"published by the second claim, with no attempt counted by the first")
-	})
+	},
+		Entry("found through the index on the id", true),
+		Entry("found by TID, on a table without one", false),
+	)
 
 	It("deletes the confirmed rows it still holds when published rows are not kept, and leaves a row another claim took over", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)

@@ -54,7 +54,7 @@ func (c Claim) Full(batchSize int) bool {
 }
 
 // lease is how a settle refers to row i of the claim.
-func (c Claim) lease(i int) Lease { return Lease{Row: c.Rows[i].At, Token: c.Token} }
+func (c Claim) lease(i int) Lease { return Lease{ID: c.Rows[i].ID, Row: c.Rows[i].At, Token: c.Token} }
 
 // Leases are the claim's rows as a settle refers to them.
 func (c Claim) Leases() []Lease {
@@ -165,6 +165,9 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) (*Store,
 	if err := checkDrainable(ctx, pool, spec, table); err != nil {
 		return nil, err
 	}
+	if table.settleByID, err = idIndexed(ctx, pool, spec, table); err != nil {
+		return nil, err
+	}
 	return &Store{pool: pool, table: table}, nil
 }
 
@@ -211,6 +214,24 @@ func checkDrainable(ctx context.Context, db Querier, spec TableSpec, t *Table) e
 		}
 	}
 	return nil
+}
+
+// idIndexed reads whether the table's settles can find rows by id.
+func idIndexed(ctx context.Context, db Querier, spec TableSpec, t *Table) (bool, error) {
+	rel, err := lookUpRelation(ctx, db, spec)
+	if err != nil {
+		return false, err
+	}
+	stmt := t.IDIndexQuery(rel)
+	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
+	if err != nil {
+		return false, fmt.Errorf("look up an index on %s's id: %w", t.name, err)
+	}
+	indexed, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if err != nil {
+		return false, fmt.Errorf("look up an index on %s's id: %w", t.name, err)
+	}
+	return indexed, nil
 }
 
 // Table is the resolved outbox table.

@@ -195,6 +195,9 @@ type Table struct {
 	dueNotNull bool
 	// order is nil unless rows are published in order per key.
 	order *keyOrder
+	// settleByID says an index leads with the id, so settles find their rows
+	// through it (see heldUnder).
+	settleByID bool
 }
 
 // idTypes are the id column types the drainer can round-trip through text.
@@ -485,11 +488,12 @@ type Locator struct {
 	TID   pgtype.TID
 }
 
-// Lease is one claimed row as its claim holds it: the row's locator and the
-// claim's token. A settle changes the row only while both still match, so a
-// row whose lease expired and was claimed again, even by the same drainer,
-// is left to its new claim.
+// Lease is one claimed row as its claim holds it: the row's id and locator,
+// and the claim's token. A settle changes the row only while the locator and
+// the token still match, so a row whose lease expired and was claimed again,
+// even by the same drainer, is left to its new claim.
 type Lease struct {
+	ID    string
 	Row   Locator
 	Token time.Time
 }
@@ -504,12 +508,21 @@ func leaseArgs(leases []Lease) (tables []uint32, tids []pgtype.TID, tokens []tim
 	return tables, tids, tokens
 }
 
+// leaseIDs are the leases' row ids, for a settle that finds rows by id.
+func leaseIDs(leases []Lease) []string {
+	ids := make([]string, len(leases))
+	for i, l := range leases {
+		ids[i] = l.ID
+	}
+	return ids
+}
+
 // settle renders one settle statement: set applies to the rows of leases
 // that this drainer still holds under the same claim. args follow the
 // drainer ID as $5...; reasons, when given, ride along with each lease as
-// s.reason. Each lease finds its row by a TID scan on its own ctid: a
-// condition on all the ctids at once (ctid = ANY) turned the join into a
-// comparison of every row with every lease, quadratic in the batch.
+// s.reason. Each lease finds its own row (see heldUnder): a condition on all
+// the ctids at once (ctid = ANY) turned the join into a comparison of every
+// row with every lease, quadratic in the batch.
 func (t *Table) settle(drainerID string, leases []Lease, set []string, reasons []string, args ...any) Statement {
 	from, where, all := t.heldUnder(drainerID, leases, reasons, args)
 	return Statement{
@@ -520,18 +533,34 @@ func (t *Table) settle(drainerID string, leases []Lease, set []string, reasons [
 
 // heldUnder is what every settle shares: the leases unnested (aliased s),
 // and the condition that the row (aliased o) is still held under the same
-// claim.
+// claim: the same version, stamped by this drainer with the same token.
+//
+// Where an index leads with the id, the row is found through it, and the
+// version is checked in a form the planner cannot turn into a TID scan. An
+// index's fetch prunes the page of the versions no one can see any more (the
+// claim's old ones), where a TID scan does not, so the settle's new version
+// can stay on the row's page. Found by TID, it mostly went to a new page: on
+// the SQL alone, draining 50,000 rows doubled the table and wrote 1,139 kB
+// of WAL per 1,000 events; found by id, the table kept its size and the WAL
+// was 850 kB, for no more of Postgres's CPU.
 func (t *Table) heldUnder(drainerID string, leases []Lease, reasons []string, args []any) (from, where string, all []any) {
 	tables, tids, tokens := leaseArgs(leases)
 	all = append([]any{tables, tids, tokens, drainerID}, args...)
-	from = "unnest($1::oid[], $2::tid[], $3::timestamptz[]) AS s(toid, tid, token)"
+	arrays, columns := "$1::oid[], $2::tid[], $3::timestamptz[]", "toid, tid, token"
 	if reasons != nil {
 		all = append(all, reasons)
-		from = fmt.Sprintf("unnest($1::oid[], $2::tid[], $3::timestamptz[], $%d::text[]) AS s(toid, tid, token, reason)", len(all))
+		arrays, columns = arrays+fmt.Sprintf(", $%d::text[]", len(all)), columns+", reason"
 	}
 	c := t.cols
-	where = fmt.Sprintf("o.tableoid = s.toid AND o.ctid = s.tid\n\tAND o.%s = $4 AND o.%s = s.token AND o.%s IS NULL",
-		q(c.ClaimedBy), q(c.ClaimedAt), q(c.PublishedAt))
+	located := "o.tableoid = s.toid AND o.ctid = s.tid"
+	if t.settleByID {
+		all = append(all, leaseIDs(leases))
+		arrays, columns = arrays+fmt.Sprintf(", $%d::text[]", len(all)), columns+", id"
+		located = fmt.Sprintf("o.%s = s.id::%s AND o.tableoid = s.toid AND (o.ctid = s.tid) IS TRUE", q(c.ID), t.idType)
+	}
+	from = fmt.Sprintf("unnest(%s) AS s(%s)", arrays, columns)
+	where = fmt.Sprintf("%s\n\tAND o.%s = $4 AND o.%s = s.token AND o.%s IS NULL",
+		located, q(c.ClaimedBy), q(c.ClaimedAt), q(c.PublishedAt))
 	return from, where, all
 }
 
