@@ -67,6 +67,16 @@ var _ = Describe("A partitioned outbox", Label("integration"), func() {
 			"a partition created later inherits the claim index")
 	})
 
+	It("is settled by table oid and ctid: a look-up by id would probe every partition's index for each row", func(ctx SpecContext) {
+		spec, _ := partitionedOutbox(ctx, time.Now().Add(-24*time.Hour))
+		_, err := Migrate(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(store.Table().settleByID).To(BeFalse())
+		Expect(store.Table().MarkPublished("d", nil).SQL).To(ContainSubstring("o.ctid = s.tid"))
+	})
+
 	It("is drained under retention without deleting a pending row or publishing one twice", func(ctx SpecContext) {
 		spec, _ := partitionedOutbox(ctx, time.Now().Add(-24*time.Hour))
 		_, err := Migrate(ctx, pool, spec)

@@ -165,7 +165,7 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) (*Store,
 	if err := checkDrainable(ctx, pool, spec, table); err != nil {
 		return nil, err
 	}
-	if table.settleByID, err = idIndexed(ctx, pool, spec, table); err != nil {
+	if table.settleByID, err = idIndexed(ctx, pool, table); err != nil {
 		return nil, err
 	}
 	return &Store{pool: pool, table: table}, nil
@@ -217,12 +217,8 @@ func checkDrainable(ctx context.Context, db Querier, spec TableSpec, t *Table) e
 }
 
 // idIndexed reads whether the table's settles can find rows by id.
-func idIndexed(ctx context.Context, db Querier, spec TableSpec, t *Table) (bool, error) {
-	rel, err := lookUpRelation(ctx, db, spec)
-	if err != nil {
-		return false, err
-	}
-	stmt := t.IDIndexQuery(rel)
+func idIndexed(ctx context.Context, db Querier, t *Table) (bool, error) {
+	stmt := t.IDIndexQuery()
 	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
 	if err != nil {
 		return false, fmt.Errorf("look up an index on %s's id: %w", t.name, err)

@@ -237,7 +237,7 @@ WHERE h.inhparent = to_regclass($1) AND i.indrelid = to_regclass($2)`,
 // partitions or inheriting children, whose update would probe each of
 // theirs, and a valid btree or hash index over every row has the id as its
 // first key.
-func (t *Table) IDIndexQuery(rel Relation) Statement {
+func (t *Table) IDIndexQuery() Statement {
 	return Statement{
 		SQL: `SELECT c.relkind = 'r' AND NOT EXISTS (SELECT FROM pg_inherits h WHERE h.inhparent = c.oid)
 	AND EXISTS (SELECT FROM pg_index i
@@ -245,7 +245,7 @@ func (t *Table) IDIndexQuery(rel Relation) Statement {
 		JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0]
 		WHERE i.indrelid = c.oid AND i.indisvalid AND i.indpred IS NULL AND am.amname IN ('btree', 'hash') AND a.attname = $2)
 FROM pg_class c WHERE c.oid = to_regclass($1)`,
-		Args: []any{rel.ident(), t.cols.ID},
+		Args: []any{t.ident, t.cols.ID},
 	}
 }
 

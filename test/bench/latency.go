@@ -31,8 +31,12 @@ type latencyRun struct {
 	// notifications the commits sent, counted by the bench's own listener
 	notifications int64
 	rate          float64 // achieved insert rate
-	cpu           cpuUse  // while inserting, the bench's producers count as "drainer"
-	events        int
+	// walBytes is the WAL written from the first insert to the last row's
+	// settle, the inserts' own included; pages is the table's size then.
+	walBytes float64
+	pages    int64
+	cpu      cpuUse // while inserting, the bench's producers count as "drainer"
+	events   int
 }
 
 // commitLatency inserts rows one transaction each, at a steady rate as an
@@ -93,6 +97,10 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+	run.walBytes = readWAL(b.pool).bytes - watch.wal.bytes
+	if err := b.pool.QueryRow(ctx, "SELECT pg_relation_size($1::regclass) / 8192", spec.Name).Scan(&run.pages); err != nil {
+		log.Fatal(err)
+	}
 	// Where the time goes, on the database's clock: from the insert's
 	// transaction start to the claim, and from the claim to the settle.
 	var parts []float64
@@ -133,8 +141,9 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 }
 
 func (r latencyRun) String() string {
-	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s, %d notified; p50/p99 insert→claim %.1f/%.1f ms, claim→settle %.1f/%.1f ms)  %s",
-		ms(r.p50), ms(r.p99), r.events, r.rate, r.notifications, ms(r.toClaim[0]), ms(r.toClaim[1]), ms(r.toSettle[0]), ms(r.toSettle[1]), r.cpu)
+	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s, %d notified; p50/p99 insert→claim %.1f/%.1f ms, claim→settle %.1f/%.1f ms)  %s  WAL/1k events %.0f kB, table %d pages",
+		ms(r.p50), ms(r.p99), r.events, r.rate, r.notifications, ms(r.toClaim[0]), ms(r.toClaim[1]), ms(r.toSettle[0]), ms(r.toSettle[1]), r.cpu,
+		r.walBytes/float64(r.events)*1000/1024, r.pages)
 }
 
 // countNotifications listens on spec's channel, as a drainer does, and
