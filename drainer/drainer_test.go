@@ -349,9 +349,9 @@ var _ = Describe("Failures", Label("integration"), func() {
 })
 
 var _ = Describe("The drainer's plans", Label("integration"), func() {
-	// settlesFind is the condition by which every settle must find each
-	// lease's own row, not every lease against every row.
-	DescribeTable("stay index scans of the claim index and TID scans under generic plans, never a scan of the table",
+	// settlesFind is how every settle must find each lease's own row, not
+	// every lease against every row.
+	DescribeTable("stay index and TID scans under generic plans, never a scan of the table",
 		func(ctx SpecContext, idIndex bool, settlesFind string) {
 			spec := canonicalOutbox(ctx)
 			if !idIndex {
