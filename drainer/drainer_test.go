@@ -352,17 +352,21 @@ var _ = Describe("The drainer's plans", Label("integration"), func() {
 	// settlesFind is how every settle must find each lease's own row, not
 	// every lease against every row.
 	DescribeTable("stay index and TID scans under generic plans, never a scan of the table",
-		func(ctx SpecContext, idIndex bool, settlesFind string) {
-			spec := canonicalOutbox(ctx)
-			if !idIndex {
-				exec(ctx, "ALTER TABLE "+spec.Name+" DROP CONSTRAINT "+spec.objectName("_pkey"))
-			}
+		func(ctx SpecContext, id, settlesFind string) {
+			spec := TableSpec{Name: "public." + testenv.UniqueName("outbox")}
+			exec(ctx, "CREATE TABLE "+spec.Name+" (id "+id+`, event_type text NOT NULL, payload jsonb NOT NULL, headers jsonb,
+				enqueued_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz)`)
+			dropAfterTest(spec.Name)
+			_, err := Migrate(ctx, pool, spec)
+			Expect(err).NotTo(HaveOccurred())
 			seed(ctx, spec.Name, 20_000)
 			exec(ctx, "ANALYZE "+spec.Name)
 			expectPlans(ctx, spec, settlesFind)
 		},
-		Entry("settles find rows through the index on the id, which prunes their pages", true, "Index Cond: (id = (s.id)::uuid)"),
-		Entry("settles find rows by TID on a table without one", false, "TID Cond: (ctid = s.tid)"),
+		Entry("settles find rows through the index on a uuid id, which prunes their pages", "uuid PRIMARY KEY DEFAULT gen_random_uuid()", "Index Cond: (id = (s.id)::uuid)"),
+		Entry("… on a bigint id", "bigserial PRIMARY KEY", "Index Cond: (id = (s.id)::bigint)"),
+		Entry("… on a varchar id", "varchar(64) PRIMARY KEY DEFAULT gen_random_uuid()::text", "Index Cond: ((id)::text = s.id)"),
+		Entry("settles find rows by TID on a table without an index on the id", "uuid NOT NULL DEFAULT gen_random_uuid()", "TID Cond: (ctid = s.tid)"),
 	)
 })
 
