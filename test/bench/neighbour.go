@@ -120,7 +120,8 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 }
 
 // report prints the application's commit latency beside one way of
-// draining, the drain's rate, and the WAL written and synced meanwhile.
+// draining, the drain's rate, the WAL written and synced meanwhile, and
+// each round's p99.
 func (n *neighbours) report(none *neighbours) {
 	p50 := n.median(func(r neighbourRun) float64 { return ms(r.quantile(0.5)) })
 	line := fmt.Sprintf("%-46s commit p50 %6.2f ms  p99 %6.2f ms (%.2fx)", n.what, p50, n.p99(), n.p99()/none.p99())
@@ -133,11 +134,17 @@ func (n *neighbours) report(none *neighbours) {
 	fpi := n.median(func(r neighbourRun) float64 { return r.wal.fpi / r.wall.Seconds() })
 	syncs := n.median(func(r neighbourRun) float64 { return r.wal.syncs / r.wall.Seconds() })
 	line += fmt.Sprintf("  WAL %6.0f kB/s, %4.0f full pages/s, %4.0f syncs/s", wal, fpi, syncs)
-	var empty []string
+	var empty, p99s []string
 	for i, r := range n.runs {
 		if r.ranEmpty {
 			empty = append(empty, fmt.Sprint(i+1))
 		}
+		p99s = append(p99s, fmt.Sprintf("%.2f", ms(r.quantile(0.99))))
+	}
+	if len(p99s) > 1 {
+		// A p99 of a few thousand commits moves from round to round as much
+		// as a drain moves it: the rounds show how far.
+		line += "  p99 rounds " + strings.Join(p99s, ", ")
 	}
 	if len(empty) > 0 {
 		line += "  (backlog ran out in round " + strings.Join(empty, ", ") + ")"
