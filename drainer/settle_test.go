@@ -14,6 +14,7 @@ var _ = Describe("Settling", Label("integration"), func() {
 		seed(ctx, spec.Name, 1)
 		store, err := OpenStore(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
+		Expect(store.Table().settleByID).To(Equal(idIndex), "how the settles find the row")
 		first, err := store.Claim(ctx, claimParams("drainer-a", 10))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(first.Rows).To(HaveLen(1))
