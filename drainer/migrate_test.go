@@ -45,6 +45,20 @@ var _ = Describe("Migrate", Label("integration"), func() {
 		Expect(schemaOf(ctx, spec.Name)).To(Equal(before))
 	})
 
+	It("gives the canonical table's rows version 7 uuids, which follow the time they were inserted", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seed(ctx, spec.Name, 1000)
+		exec(ctx, "SELECT pg_sleep(0.002)")
+		exec(ctx, "INSERT INTO "+spec.Name+` (event_type, payload) VALUES ('order.created', '{"late": true}')`)
+		Expect(count(ctx, spec.Name, "substr(id::text, 15, 1) = '7' AND substr(id::text, 20, 1) IN ('8', '9', 'a', 'b')")).To(Equal(1001),
+			"version 7, RFC 9562 variant")
+		Expect(count(ctx, "(SELECT DISTINCT id FROM "+spec.Name+") d", "true")).To(Equal(1001))
+		Expect(count(ctx, spec.Name, "abs(('x' || lpad(replace(substr(id::text, 1, 13), '-', ''), 16, '0'))::bit(64)::bigint"+
+			" - extract(epoch FROM clock_timestamp()) * 1000) > 60000")).To(BeZero(), "the first 48 bits are the Unix time in milliseconds")
+		Expect(count(ctx, spec.Name, "payload ->> 'late' IS NOT NULL AND id > ALL (SELECT id FROM "+spec.Name+" WHERE payload ->> 'late' IS NULL)")).
+			To(Equal(1), "a row inserted later sorts after the earlier statement's")
+	})
+
 	It("installs the notify trigger once, and it notifies the drainers' channel once per inserting statement", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		installed, err := InstallNotifyTrigger(ctx, pool, spec)

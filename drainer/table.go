@@ -65,7 +65,7 @@ type logicalColumn struct {
 }
 
 var contract = []logicalColumn{
-	{flag: "id", canonical: "id", required: true, sqlType: "uuid PRIMARY KEY DEFAULT gen_random_uuid()", field: func(c *Columns) *string { return &c.ID }},
+	{flag: "id", canonical: "id", required: true, sqlType: "uuid PRIMARY KEY DEFAULT " + timeOrderedUUID, field: func(c *Columns) *string { return &c.ID }},
 	{flag: "payload", canonical: "payload", required: true, sqlType: "jsonb NOT NULL", field: func(c *Columns) *string { return &c.Payload }},
 	{flag: "headers", canonical: "headers", sqlType: "jsonb", field: func(c *Columns) *string { return &c.Headers }},
 	{flag: "enqueuedAt", canonical: "enqueued_at", sqlType: "timestamptz NOT NULL DEFAULT now()", field: func(c *Columns) *string { return &c.EnqueuedAt }},
