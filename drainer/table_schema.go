@@ -60,8 +60,9 @@ const canonicalFillfactor = 50
 // 24 µs per event against 28, and the application's inserts beside a backlog
 // wrote 256 kB of WAL a second against 943. Postgres 18's uuidv7() is the same
 // uuid; this expression works from 13 on. It reads the clock twice, so an id
-// made at a millisecond's end may sort a fraction of it early: order within a
-// millisecond is all that costs, and the random bits keep ids unique.
+// made as a millisecond ends may sort before the others of that millisecond:
+// order within a millisecond is all that costs, and the random bits keep ids
+// unique.
 const timeOrderedUUID = `encode(overlay(uuid_send(gen_random_uuid()) placing int8send(
 		((floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint << 16) | (7 << 12))
 		| (floor(extract(epoch FROM clock_timestamp()) * 1000 * 4096)::bigint & 4095)) from 1 for 8), 'hex')::uuid`
