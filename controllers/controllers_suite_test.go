@@ -28,6 +28,7 @@ import (
 	"github.com/spillway-io/spillway/controllers"
 	"github.com/spillway-io/spillway/controllers/probe"
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/test/kubeenv"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -52,7 +53,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	// The controller reacts within a reconcile; the slow path, a read of
 	// the outbox, comes every statusInterval.
 	SetDefaultEventuallyTimeout(10 * time.Second)
-	env, cfg, err := testenv.StartControlPlane()
+	env, cfg, err := kubeenv.StartControlPlane()
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(env.Stop)
 
@@ -104,7 +105,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	dir, err := os.MkdirTemp("", "spillway-kubeconfig")
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(os.RemoveAll, dir)
-	kubeconfig, err = testenv.WriteKubeconfig(env, testenv.Administrator, dir)
+	kubeconfig, err = kubeenv.WriteKubeconfig(env, kubeenv.Administrator, dir)
 	Expect(err).NotTo(HaveOccurred())
 })
 

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/controllers"
+	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -38,7 +39,7 @@ func fetch(url string) func() string {
 var _ = Describe("spillway manager", Label("integration"), func() {
 	It("takes the leader lease, serves /healthz and /readyz, and /metrics, with the outboxes' numbers, only to scrapers the API server authorizes", func(ctx SpecContext) {
 		ns := namespace(ctx)
-		probeAddr, metricsAddr := testenv.FreeAddr(), testenv.FreeAddr()
+		probeAddr, metricsAddr := suite.FreeAddr(), suite.FreeAddr()
 		GinkgoT().Setenv("KUBECONFIG", kubeconfig)
 		managerCtx, stop := context.WithCancel(context.Background())
 		done := make(chan error, 1)

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -21,7 +22,7 @@ func publishedOnce(ctx context.Context, table, queue string) {
 	want := ids(ctx, table, "published_at IS NOT NULL")
 	ch := amqpChannel()
 	Expect(testenv.QueueDepth(ch, queue)).To(Equal(len(want)), "one message per published row, no duplicates")
-	missing, duplicates := testenv.Undelivered(ch, queue, want, 30*time.Second)
+	missing, duplicates := suite.Undelivered(ch, queue, want, 30*time.Second)
 	Expect(missing).To(BeEmpty(), "rows marked published but never delivered")
 	Expect(duplicates).To(BeZero(), "rows published twice")
 }
@@ -144,7 +145,7 @@ var _ = Describe("A broker that nacks", Label("integration"), func() {
 			Should(BeNumerically(">=", claims+2*uint64(cfg.MaxAttempts)), "the drainer kept claiming into the full queue")
 		Expect(count(ctx, spec.Name, "attempts > 0")).To(BeZero(), "a nack counted an attempt")
 
-		missing, duplicates := testenv.Undelivered(ch, topo.Queue, ids(ctx, spec.Name, "true"), drainTimeout)
+		missing, duplicates := suite.Undelivered(ch, topo.Queue, ids(ctx, spec.Name, "true"), drainTimeout)
 		Expect(missing).To(BeEmpty(), "rows never published once the queue drained")
 		GinkgoWriter.Printf("duplicates: %d\n", duplicates)
 		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the kube-apiserver and etcd that envtest runs, and the
 # kube-controller-manager, kube-scheduler and kubectl of the local cluster
-# (test/testenv's StartCluster), from the Go module proxy (nothing else can be
+# (test/kubeenv's StartCluster), from the Go module proxy (nothing else can be
 # downloaded here), and caches them under
 # bin/control-plane/<kubernetes version>-etcd<etcd version>/. Prints that
 # directory, the value of KUBEBUILDER_ASSETS. A cached build is reused.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/test/kubeenv"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -26,7 +27,7 @@ func TestAPI(t *testing.T) {
 var k8s client.Client
 
 var _ = BeforeSuite(func() {
-	env, cfg, err := testenv.StartControlPlane()
+	env, cfg, err := kubeenv.StartControlPlane()
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(env.Stop)
 	scheme := runtime.NewScheme()

@@ -1,5 +1,5 @@
 // Command clusterdemo is make demo: Spillway as a user meets it, on a local
-// cluster whose pods run as processes of this machine (test/testenv's
+// cluster whose pods run as processes of this machine (test/kubeenv's
 // StartCluster). It installs the chart with helm, migrates an outbox,
 // applies config/samples against the local Postgres and RabbitMQ, writes
 // events, prints kubectl get outboxdrainers every second until the backlog
@@ -24,6 +24,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/spillway-io/spillway/test/kubeenv"
 	"github.com/spillway-io/spillway/test/localnode"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -93,7 +94,7 @@ type demo struct {
 	o        options
 	out      io.Writer
 	services testenv.Services
-	cluster  *testenv.Cluster
+	cluster  *kubeenv.Cluster
 	outbox   testenv.Outbox
 }
 
@@ -122,7 +123,7 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 	if err != nil {
 		return err
 	}
-	d.cluster, err = testenv.StartCluster(ctx, testenv.ClusterOptions{
+	d.cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{
 		Images:   map[string]localnode.Image{image: {Binary: o.spillway, User: 65532, Group: 65532}},
 		Progress: out,
 	})

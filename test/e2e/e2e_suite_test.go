@@ -24,6 +24,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -39,17 +40,17 @@ var (
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
-	spillway = testenv.BuildSpillway()
+	spillway = suite.BuildSpillway()
 	services, err := testenv.Connect(ctx)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(services.Close)
 	pool, amqpConn = services.DB, services.Broker
 })
 
-func start(args ...string) *gexec.Session { return testenv.Start(spillway, args...) }
+func start(args ...string) *gexec.Session { return suite.Start(spillway, args...) }
 
 func count(ctx context.Context, table, where string) int {
-	return testenv.Count(ctx, pool, table, where)
+	return suite.Count(ctx, pool, table, where)
 }
 
 // topology declares an exchange and a bound queue for the current test.
@@ -97,16 +98,16 @@ func rabbitmqctl(args ...string) {
 
 var _ = Describe("spillway", Label("e2e"), func() {
 	It("migrates an outbox, and a second migrate reports it up to date", func(ctx SpecContext) {
-		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		s := start("migrate", "--database-url", testenv.DatabaseURL(), "--table", table)
 		Eventually(s, 30*time.Second).Should(gexec.Exit(0))
 		Expect(s.Out).To(gbytes.Say(table + " is up to date"))
 	})
 
 	It("drains an outbox with two drain processes, which exit 0 on SIGTERM and leave no claim behind", func(ctx SpecContext) {
-		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		ch, topo := topology()
-		testenv.Seed(ctx, pool, table, 5000)
+		suite.Seed(ctx, pool, table, 5000)
 
 		var drainers []*gexec.Session
 		for _, id := range []string{"e2e-a", "e2e-b"} {
@@ -125,9 +126,9 @@ var _ = Describe("spillway", Label("e2e"), func() {
 	})
 
 	It("on SIGTERM mid-drain, exits 0 within the shutdown timeout and leaves no claimed rows", func(ctx SpecContext) {
-		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		_, topo := topology()
-		testenv.Seed(ctx, pool, table, 100_000)
+		suite.Seed(ctx, pool, table, 100_000)
 		d := drain(table, topo.Exchange, "e2e-term", "--metrics-addr", "", "--shutdown-timeout", "5s")
 		Eventually(func() int { return count(ctx, table, "published_at IS NOT NULL") }, 60*time.Second, 20*time.Millisecond).
 			Should(BeNumerically(">=", 2000))
@@ -142,9 +143,9 @@ var _ = Describe("spillway", Label("e2e"), func() {
 	})
 
 	It("re-claims the rows of a drainer killed with SIGKILL once their lease expires, losing none", func(ctx SpecContext) {
-		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		ch, topo := topology()
-		testenv.Seed(ctx, pool, table, 20_000)
+		suite.Seed(ctx, pool, table, 20_000)
 		// The shortest lease the rule allows for a depth of 8: 2.4 s.
 		lease := []string{"--lease-ttl", "3s", "--pipeline-depth", "8", "--metrics-addr", ""}
 		victim := drain(table, topo.Exchange, "e2e-victim", lease...)
@@ -166,13 +167,13 @@ var _ = Describe("spillway", Label("e2e"), func() {
 		drain(table, topo.Exchange, "e2e-heir", lease...)
 		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 120*time.Second, 100*time.Millisecond).Should(BeZero())
 		Expect(count(ctx, table, "attempts > 0")).To(BeZero())
-		missing, duplicates := testenv.Undelivered(ch, topo.Queue, testenv.IDs(ctx, pool, table), 60*time.Second)
+		missing, duplicates := suite.Undelivered(ch, topo.Queue, suite.IDs(ctx, pool, table), 60*time.Second)
 		Expect(missing).To(BeEmpty(), "rows never delivered")
 		GinkgoWriter.Printf("orphaned claims: %d, duplicates delivered: %d\n", orphaned, duplicates)
 	})
 
 	It("drains 300 rows of 4 MB with the drainer's peak RSS under 192 MiB, and publishes a row larger than the claim budget alone", func(ctx SpecContext) {
-		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		ch, topo := topology()
 		// md5 text compresses well in Postgres; in the drainer each payload
 		// is its full 4 MiB.
@@ -182,7 +183,7 @@ var _ = Describe("spillway", Label("e2e"), func() {
 		var large string
 		Expect(pool.QueryRow(ctx, "INSERT INTO "+table+` (event_type, payload)
 			VALUES ('order.created', jsonb_build_object('pad', repeat(md5('large'), 393216))) RETURNING id::text`).Scan(&large)).To(Succeed())
-		want := testenv.IDs(ctx, pool, table)
+		want := suite.IDs(ctx, pool, table)
 		// A consumer keeps the 1.2 GB out of the broker's memory. The broker
 		// writes it all to disk: on a machine shared with the other suites
 		// that takes minutes.
@@ -190,7 +191,7 @@ var _ = Describe("spillway", Label("e2e"), func() {
 		delivered := make(chan []string, 1)
 		go func() {
 			defer GinkgoRecover()
-			missing, duplicates := testenv.Undelivered(ch, topo.Queue, want, patience)
+			missing, duplicates := suite.Undelivered(ch, topo.Queue, want, patience)
 			GinkgoWriter.Printf("duplicates: %d\n", duplicates)
 			delivered <- missing
 		}()
@@ -205,10 +206,10 @@ var _ = Describe("spillway", Label("e2e"), func() {
 	})
 
 	It("serves /healthz, /readyz and /metrics on one port", func(ctx SpecContext) {
-		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		_, topo := topology()
-		testenv.Seed(ctx, pool, table, 100)
-		addr := testenv.FreeAddr()
+		suite.Seed(ctx, pool, table, 100)
+		addr := suite.FreeAddr()
 		drain(table, topo.Exchange, "e2e-probes", "--metrics-addr", addr)
 		Eventually(func() int { return testenv.Probe(addr, "/healthz") }, 10*time.Second).Should(Equal(200))
 		Eventually(func() int { return testenv.Probe(addr, "/readyz") }, 10*time.Second).Should(Equal(200))
@@ -217,7 +218,7 @@ var _ = Describe("spillway", Label("e2e"), func() {
 	})
 
 	It("reads a rotated broker password from its file when the broker connection restarts", func(ctx SpecContext) {
-		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		ch, topo := topology()
 		user := testenv.UniqueName("spillway_rotation")
 		rabbitmqctl("add_user", user, "first-password")
@@ -230,13 +231,13 @@ var _ = Describe("spillway", Label("e2e"), func() {
 		writeURL("first-password")
 		d := start("drain", "--database-url", testenv.DatabaseURL(), "--broker-url-file", file, "--table", table,
 			"--exchange", topo.Exchange, "--drainer-id", "e2e-rotation", "--poll-interval", "100ms", "--metrics-addr", "")
-		testenv.Seed(ctx, pool, table, 100)
+		suite.Seed(ctx, pool, table, 100)
 		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 30*time.Second).Should(BeZero())
 
 		rabbitmqctl("change_password", user, "second-password")
 		writeURL("second-password")
 		rabbitmqctl("close_all_user_connections", user, "password rotated")
-		testenv.Seed(ctx, pool, table, 100)
+		suite.Seed(ctx, pool, table, 100)
 		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 60*time.Second).Should(BeZero())
 		Expect(testenv.QueueDepth(ch, topo.Queue)).To(BeNumerically(">=", 200))
 		// The log reaches the buffer through a pipe, after the rows it
@@ -259,7 +260,7 @@ var _ = Describe("spillway", Label("e2e"), func() {
 	})
 
 	It("never prints a password from its connection URLs, through database and broker connection failures", func(ctx SpecContext) {
-		table := testenv.Migrate(spillway, pool, "e2e_outbox")
+		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		const sentinel = "Sentinel-7f3a9c"
 		goodDatabase := "postgres://postgres:" + sentinel + "@127.0.0.1:5432/test?sslmode=disable"
 		refusingBroker := start("drain", "--database-url", goodDatabase,

@@ -19,6 +19,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -39,7 +40,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	for fd := 3; fd < 256; fd++ {
 		syscall.CloseOnExec(fd)
 	}
-	spillway = testenv.BuildSpillway()
+	spillway = suite.BuildSpillway()
 	services, err := testenv.Connect(ctx)
 	Expect(err).NotTo(HaveOccurred())
 	services.Broker.Close() // each spec dials its own: a broker restart closes connections
@@ -59,14 +60,14 @@ type fleet struct {
 }
 
 func newFleet(ctx context.Context, rows int) fleet {
-	f := fleet{table: testenv.Migrate(spillway, pool, "fault_outbox")}
+	f := fleet{table: suite.Migrate(spillway, pool, "fault_outbox")}
 	withChannel(func(ch *amqp.Channel) {
 		var err error
 		f.topo, err = testenv.DeclareTopology(ch, "#", nil)
 		Expect(err).NotTo(HaveOccurred())
 	})
 	DeferCleanup(func() { withChannel(f.topo.Delete) })
-	testenv.Seed(ctx, pool, f.table, rows)
+	suite.Seed(ctx, pool, f.table, rows)
 	return f
 }
 
@@ -84,11 +85,11 @@ func withChannel(f func(ch *amqp.Channel)) {
 func (f fleet) drain(id, addr string, extra ...string) *gexec.Session {
 	args := []string{"drain", "--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(),
 		"--table", f.table, "--exchange", f.topo.Exchange, "--drainer-id", id, "--metrics-addr", addr}
-	return testenv.Start(spillway, append(args, extra...)...)
+	return suite.Start(spillway, append(args, extra...)...)
 }
 
 func (f fleet) count(ctx context.Context, where string) int {
-	return testenv.Count(ctx, pool, f.table, where)
+	return suite.Count(ctx, pool, f.table, where)
 }
 
 // waitPublished waits until at least n rows are published: mid-drain.
@@ -103,7 +104,7 @@ func (f fleet) expectDelivered(ctx context.Context) {
 	Eventually(func() int { return f.count(ctx, "published_at IS NULL") }, 3*time.Minute, 100*time.Millisecond).Should(BeZero())
 	Expect(f.count(ctx, "attempts > 0")).To(BeZero(), "the fault bumped attempts")
 	withChannel(func(ch *amqp.Channel) {
-		missing, duplicates := testenv.Undelivered(ch, f.topo.Queue, testenv.IDs(ctx, pool, f.table), 2*time.Minute)
+		missing, duplicates := suite.Undelivered(ch, f.topo.Queue, suite.IDs(ctx, pool, f.table), 2*time.Minute)
 		Expect(missing).To(BeEmpty(), "rows lost")
 		GinkgoWriter.Printf("every row delivered; %d duplicates\n", duplicates)
 	})
@@ -127,7 +128,7 @@ func rabbitmqctl(args ...string) string {
 var _ = Describe("Faults", Label("faults"), Serial, func() {
 	It("finishes the drain after RabbitMQ is stopped for 20 s, losing no row and counting no attempt", func(ctx SpecContext) {
 		f := newFleet(ctx, midDrainRows)
-		addr := testenv.FreeAddr()
+		addr := suite.FreeAddr()
 		f.drain("fault-outage", addr)
 		f.waitPublished(ctx, 2000)
 
@@ -147,7 +148,7 @@ var _ = Describe("Faults", Label("faults"), Serial, func() {
 
 	It("takes no claim while the broker blocks publishing under a memory alarm, then finishes the drain", func(ctx SpecContext) {
 		f := newFleet(ctx, midDrainRows)
-		addr := testenv.FreeAddr()
+		addr := suite.FreeAddr()
 		// Depth 16 allows a 6 s lease, so a stalled confirm is released after 2 s.
 		f.drain("fault-blocked", addr, "--pipeline-depth", "16", "--lease-ttl", "6s")
 		f.waitPublished(ctx, 2000)
@@ -174,7 +175,7 @@ var _ = Describe("Faults", Label("faults"), Serial, func() {
 		_, err := pool.Exec(ctx, "INSERT INTO "+f.table+` (event_type, payload)
 			SELECT 'order.created', jsonb_build_object('pad', repeat(md5(g::text), 2048)) FROM generate_series(1, 20000) g`)
 		Expect(err).NotTo(HaveOccurred())
-		addr := testenv.FreeAddr()
+		addr := suite.FreeAddr()
 		s := f.drain("fault-shutdown", addr, "--shutdown-timeout", "5s")
 		f.waitPublished(ctx, 1000)
 
@@ -193,7 +194,7 @@ var _ = Describe("Faults", Label("faults"), Serial, func() {
 
 	It("finishes the drain after Postgres restarts mid-drain, losing no row and counting no attempt", func(ctx SpecContext) {
 		f := newFleet(ctx, midDrainRows)
-		addr := testenv.FreeAddr()
+		addr := suite.FreeAddr()
 		f.drain("fault-restart", addr)
 		f.waitPublished(ctx, 2000)
 

@@ -1,5 +1,5 @@
 // Package fleet runs Spillway as a user does, on a local cluster whose pods
-// run as processes (testenv.StartCluster): helm install, kubectl apply an
+// run as processes (kubeenv.StartCluster): helm install, kubectl apply an
 // OutboxDrainer, drain an outbox, helm test; then the fleet's faults, each
 // with events flowing, each accounted for by message_id.
 package fleet
@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/spillway-io/spillway/controllers"
+	"github.com/spillway-io/spillway/test/kubeenv"
 	"github.com/spillway-io/spillway/test/localnode"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -34,7 +35,7 @@ func TestFleet(t *testing.T) {
 const chart = "charts/spillway"
 
 var (
-	cluster  *testenv.Cluster
+	cluster  *kubeenv.Cluster
 	services testenv.Services
 	// k8s reads and writes straight to the API server.
 	k8s client.Client
@@ -70,9 +71,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	readYAML(chart+"/values.yaml", &values)
 	spillwayImage = values.Image.Repository + ":" + chartMeta.AppVersion
 
-	assets, err := testenv.ClusterAssets()
+	assets, err := kubeenv.ClusterAssets()
 	Expect(err).NotTo(HaveOccurred())
-	cluster, err = testenv.StartCluster(ctx, testenv.ClusterOptions{
+	cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{
 		Images: map[string]localnode.Image{
 			// The Dockerfile's image: the static binary, as distroless's
 			// nonroot user.

@@ -18,6 +18,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -33,7 +34,7 @@ var (
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
-	spillway = testenv.BuildSpillway()
+	spillway = suite.BuildSpillway()
 	services, err := testenv.Connect(ctx)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(services.Close)
@@ -146,10 +147,10 @@ func flap(ctx context.Context, queue, key, exchange string, period time.Duration
 var _ = Describe("A fleet ordering per key", Label("e2e"), func() {
 	It("delivers every event, the first delivery of each in its key's enqueue order, through nacks, row faults and a SIGKILL", func(ctx SpecContext) {
 		const events, keys = 50_000, 1_000
-		table := testenv.Migrate(spillway, pool, "ordered_outbox")
+		table := suite.Migrate(spillway, pool, "ordered_outbox")
 		_, err := pool.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN aggregate_id text")
 		Expect(err).NotTo(HaveOccurred())
-		migrate := testenv.Start(spillway, "migrate", "--database-url", testenv.DatabaseURL(), "--table", table, "--ordering-key-column", "aggregate_id")
+		migrate := suite.Start(spillway, "migrate", "--database-url", testenv.DatabaseURL(), "--table", table, "--ordering-key-column", "aggregate_id")
 		Eventually(migrate, 60*time.Second).Should(gexec.Exit(0))
 
 		// Topology: events go to ev.<key>; 2% to ev.flaky.<key>, which a
@@ -229,7 +230,7 @@ var _ = Describe("A fleet ordering per key", Label("e2e"), func() {
 		}()
 
 		drain := func(id string) *gexec.Session {
-			return testenv.Start(spillway, "drain", "--drainer-id", id, "--metrics-addr", "",
+			return suite.Start(spillway, "drain", "--drainer-id", id, "--metrics-addr", "",
 				"--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(),
 				"--table", table, "--ordering-key-column", "aggregate_id", "--ordering-on-failure", "block",
 				"--exchange", topo.Exchange, "--mandatory",
@@ -241,13 +242,13 @@ var _ = Describe("A fleet ordering per key", Label("e2e"), func() {
 		drain("ordered-2")
 		drain("ordered-3")
 
-		published := func() int { return testenv.Count(ctx, pool, table, "published_at IS NOT NULL") }
+		published := func() int { return suite.Count(ctx, pool, table, "published_at IS NOT NULL") }
 		Eventually(published, 2*time.Minute, 100*time.Millisecond).Should(BeNumerically(">=", events/3))
 		victim.Kill() // SIGKILL: its claims stay until their lease ends
 		Eventually(victim, 10*time.Second).Should(gexec.Exit())
 		killedAt := published()
 
-		Eventually(func() int { return testenv.Count(ctx, pool, table, "published_at IS NULL") }, 3*time.Minute, 250*time.Millisecond).Should(BeZero())
+		Eventually(func() int { return suite.Count(ctx, pool, table, "published_at IS NULL") }, 3*time.Minute, 250*time.Millisecond).Should(BeZero())
 		drained := time.Since(start)
 		Eventually(rec.distinct, 30*time.Second, 100*time.Millisecond).Should(Equal(events), "every event reaches the queue")
 		stop()

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -117,10 +118,10 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 
 	It("runs spillway manager with the chart's arguments and ServiceAccount: it turns ready and reconciles the sample fleet", func(ctx SpecContext) {
 		pod := get(ctx, operator()).Spec.Template.Spec
-		probes, metrics := testenv.FreeAddr(), testenv.FreeAddr()
+		probes, metrics := suite.FreeAddr(), suite.FreeAddr()
 		GinkgoT().Setenv("KUBECONFIG", serviceAccountKubeconfig(namespace, pod.ServiceAccountName))
 		// The pod's ports, moved to free ones: a later flag wins.
-		manager := testenv.Start(spillway, append(pod.Containers[0].Args, "--health-probe-addr="+probes, "--metrics-addr="+metrics)...)
+		manager := suite.Start(spillway, append(pod.Containers[0].Args, "--health-probe-addr="+probes, "--metrics-addr="+metrics)...)
 		Eventually(func() int { return testenv.Probe(probes, "/readyz") }, 30*time.Second).Should(Equal(200))
 		lease := &coordinationv1.Lease{ObjectMeta: metav1.ObjectMeta{Name: "operator.spillway.io", Namespace: namespace}}
 		Eventually(func() error { return k8s.Get(ctx, client.ObjectKeyFromObject(lease), lease) }, 30*time.Second).Should(Succeed())
@@ -227,9 +228,9 @@ var _ = Describe("The chart installed for some namespaces only, with secure metr
 
 		operatorPod := get(ctx, &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: release + "-spillway", Namespace: namespace}}).Spec.Template.Spec
 		Expect(operatorPod.Containers[0].Args).To(ContainElements("--watch-namespaces="+shop, "--metrics-secure"))
-		probes, metrics := testenv.FreeAddr(), testenv.FreeAddr()
+		probes, metrics := suite.FreeAddr(), suite.FreeAddr()
 		GinkgoT().Setenv("KUBECONFIG", serviceAccountKubeconfig(namespace, operatorPod.ServiceAccountName))
-		manager := testenv.Start(spillway, append(operatorPod.Containers[0].Args, "--health-probe-addr="+probes, "--metrics-addr="+metrics)...)
+		manager := suite.Start(spillway, append(operatorPod.Containers[0].Args, "--health-probe-addr="+probes, "--metrics-addr="+metrics)...)
 		Eventually(func() int { return testenv.Probe(probes, "/readyz") }, 30*time.Second).Should(Equal(200))
 
 		mustRun("kubectl", "apply", "--namespace", shop, "-f", "config/samples/")

@@ -27,6 +27,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/spillway-io/spillway/controllers"
+	"github.com/spillway-io/spillway/test/kubeenv"
+	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -54,16 +56,16 @@ var _ = BeforeSuite(func() {
 	helm = os.Getenv("HELM")
 	Expect(helm).NotTo(BeEmpty(), "HELM is not set: make test builds helm into bin/ and sets it")
 
-	spillway = testenv.BuildSpillway()
+	spillway = suite.BuildSpillway()
 	var cfg *rest.Config
 	var err error
-	env, cfg, err = testenv.StartEmptyControlPlane()
+	env, cfg, err = kubeenv.StartEmptyControlPlane()
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(env.Stop)
 	dir, err := os.MkdirTemp("", "spillway-packaging")
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(os.RemoveAll, dir)
-	kubeconfig, err := testenv.WriteKubeconfig(env, testenv.Administrator, dir)
+	kubeconfig, err := kubeenv.WriteKubeconfig(env, kubeenv.Administrator, dir)
 	Expect(err).NotTo(HaveOccurred())
 	toolEnv = append(os.Environ(), "KUBECONFIG="+kubeconfig,
 		"HELM_CACHE_HOME="+filepath.Join(dir, "helm", "cache"),
@@ -97,7 +99,7 @@ func runWithInput(stdin []byte, name string, args ...string) (string, error) {
 // ServiceAccount, so that what runs with it has exactly the RBAC the chart
 // grants that account.
 func serviceAccountKubeconfig(namespace, name string) string {
-	path, err := testenv.WriteKubeconfig(env, envtest.User{
+	path, err := kubeenv.WriteKubeconfig(env, envtest.User{
 		Name:   "system:serviceaccount:" + namespace + ":" + name,
 		Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + namespace},
 	}, GinkgoT().TempDir())

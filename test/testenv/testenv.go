@@ -1,6 +1,8 @@
 // Package testenv connects tests to the real local Postgres and RabbitMQ and
 // gives each test its own table, exchange and queue, so packages can run in
-// parallel against the one server of each.
+// parallel against the one server of each. It asserts nothing and imports
+// neither Ginkgo nor envtest, so the benchmark and make demo use it too and
+// list only their own flags; test/suite holds the helpers that assert.
 package testenv
 
 import (
@@ -10,6 +12,9 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -78,4 +83,15 @@ func redacted(raw string) string {
 func (s Services) Close() {
 	s.DB.Close()
 	_ = s.Broker.Close()
+}
+
+// UniqueObjectName is UniqueName as a legal Kubernetes object name.
+func UniqueObjectName(prefix string) string {
+	return strings.ReplaceAll(UniqueName(prefix), "_", "-")
+}
+
+// RepoRoot is the repository's root, two levels above this file.
+func RepoRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..")
 }

@@ -1,20 +1,23 @@
-package testenv
+// Package kubeenv starts Kubernetes for tests: envtest's control plane for the
+// controller and packaging suites, and a local cluster whose pods run as
+// processes for the fleet suite and make demo.
+package kubeenv
 
 import (
 	"errors"
 	"os"
 	"path/filepath"
-	"runtime"
-	"strings"
 
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	"github.com/spillway-io/spillway/test/testenv"
 )
 
 // StartControlPlane starts envtest's kube-apiserver and etcd, which
 // hack/control-plane.sh builds, with Spillway's CRDs installed.
 func StartControlPlane() (*envtest.Environment, *rest.Config, error) {
-	return startControlPlane(filepath.Join(RepoRoot(), "config", "crd", "bases"))
+	return startControlPlane(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases"))
 }
 
 // StartEmptyControlPlane starts the control plane without Spillway's CRDs,
@@ -38,11 +41,6 @@ func startControlPlane(crdDirs ...string) (*envtest.Environment, *rest.Config, e
 	return env, cfg, nil
 }
 
-// UniqueObjectName is UniqueName as a legal Kubernetes object name.
-func UniqueObjectName(prefix string) string {
-	return strings.ReplaceAll(UniqueName(prefix), "_", "-")
-}
-
 // Administrator is a user the API server lets do anything.
 var Administrator = envtest.User{Name: "tester", Groups: []string{"system:masters"}}
 
@@ -59,10 +57,4 @@ func WriteKubeconfig(env *envtest.Environment, user envtest.User, dir string) (s
 	}
 	path := filepath.Join(dir, "kubeconfig")
 	return path, os.WriteFile(path, config, 0o600)
-}
-
-// RepoRoot is the repository's root, two levels above this file.
-func RepoRoot() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "..", "..")
 }

@@ -1,4 +1,4 @@
-package testenv
+package kubeenv
 
 import (
 	"context"
@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"github.com/spillway-io/spillway/test/localnode"
+	"github.com/spillway-io/spillway/test/testenv"
 )
 
 // NodeName is the local cluster's one node.
@@ -210,7 +211,7 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 // RabbitMQ, which every pod reaches at the same address.
 func serviceAddrs() ([]string, error) {
 	var addrs []string
-	for _, raw := range []string{DatabaseURL(), BrokerURL()} {
+	for _, raw := range []string{testenv.DatabaseURL(), testenv.BrokerURL()} {
 		u, err := url.Parse(raw)
 		if err != nil {
 			return nil, fmt.Errorf("service URL: %w", err)
@@ -352,7 +353,7 @@ func (c *Cluster) RemoveDir() error { return os.RemoveAll(c.Dir) }
 // directory.
 func (c *Cluster) Command(name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(name, args...)
-	cmd.Dir = RepoRoot()
+	cmd.Dir = testenv.RepoRoot()
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+c.Kubeconfig,
 		"HELM_CACHE_HOME="+filepath.Join(c.Dir, "helm", "cache"),
 		"HELM_CONFIG_HOME="+filepath.Join(c.Dir, "helm", "config"),

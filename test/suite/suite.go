@@ -1,15 +1,12 @@
-package testenv
+// Package suite holds helpers for Ginkgo suites that assert as they go:
+// building and running the spillway binary, migrating and seeding a table,
+// counting rows and consuming deliveries.
+package suite
 
 import (
-	"bufio"
 	"context"
-	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,6 +15,8 @@ import (
 	"github.com/onsi/gomega"
 	"github.com/onsi/gomega/gexec"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/spillway-io/spillway/test/testenv"
 )
 
 // BuildSpillway builds the spillway binary for a suite that runs it as a
@@ -43,12 +42,12 @@ func Start(bin string, args ...string) *gexec.Session {
 // Migrate runs spillway migrate on a fresh canonical table, dropped when the
 // test ends, and returns its name.
 func Migrate(bin string, db *pgxpool.Pool, prefix string, extra ...string) string {
-	table := "public." + UniqueName(prefix)
+	table := "public." + testenv.UniqueName(prefix)
 	ginkgo.DeferCleanup(func(ctx ginkgo.SpecContext) {
 		_, err := db.Exec(ctx, "DROP TABLE IF EXISTS "+table)
 		gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	})
-	s := Start(bin, append([]string{"migrate", "--database-url", DatabaseURL(), "--table", table}, extra...)...)
+	s := Start(bin, append([]string{"migrate", "--database-url", testenv.DatabaseURL(), "--table", table}, extra...)...)
 	gomega.Eventually(s, 30*time.Second).Should(gexec.Exit(0))
 	return table
 }
@@ -80,7 +79,7 @@ func IDs(ctx context.Context, db *pgxpool.Pool, table string) []string {
 // At-least-once delivery allows duplicates; it does not allow a missing id.
 func Undelivered(ch *amqp.Channel, queue string, want []string, timeout time.Duration) (missing []string, duplicates int) {
 	gomega.Expect(ch.Qos(1000, 0, false)).To(gomega.Succeed())
-	tag := UniqueName("consumer")
+	tag := testenv.UniqueName("consumer")
 	deliveries, err := ch.Consume(queue, tag, true, true, false, false, nil)
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	defer func() { _ = ch.Cancel(tag, false) }()
@@ -110,43 +109,7 @@ func Undelivered(ch *amqp.Channel, queue string, want []string, timeout time.Dur
 
 // FreeAddr is a loopback address with a port nothing listens on.
 func FreeAddr() string {
-	addr, err := UnusedAddr()
+	addr, err := testenv.UnusedAddr()
 	gomega.Expect(err).NotTo(gomega.HaveOccurred())
 	return addr
-}
-
-// UnusedAddr is FreeAddr for a program that is not a test.
-func UnusedAddr() (string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer l.Close()
-	return l.Addr().String(), nil
-}
-
-// Metric reads one unlabelled sample from a drainer's /metrics.
-func Metric(addr, name string) (float64, error) {
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	scanner := bufio.NewScanner(resp.Body)
-	for scanner.Scan() {
-		if value, ok := strings.CutPrefix(scanner.Text(), name+" "); ok {
-			return strconv.ParseFloat(value, 64)
-		}
-	}
-	return 0, fmt.Errorf("%s not in /metrics", name)
-}
-
-// Probe is the status code of a GET on a drainer's health endpoint.
-func Probe(addr, path string) int {
-	resp, err := http.Get("http://" + addr + path)
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	return resp.StatusCode
 }
