@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -21,7 +22,40 @@ var (
 	neighbourConns    = flag.Int("neighbour-connections", 8, "the application's connections in the good-neighbour runs")
 	neighbourDuration = flag.Duration("neighbour-duration", 8*time.Second, "length of each good-neighbour run")
 	neighbourBacklog  = flag.Int("neighbour-backlog", 200_000, "pending rows in the outbox when each good-neighbour run starts")
+	// neighbourCaps are the --max-rate of the extra capped runs: the
+	// application's p99 against the cap, for choosing one.
+	neighbourCaps = rates{1000, 3000}
 )
+
+func init() {
+	flag.Var(&neighbourCaps, "neighbour-caps", "--max-rate of the extra capped good-neighbour runs, events/s, comma-separated (empty for none)")
+}
+
+// rates is a flag of rates in events/s, comma-separated.
+type rates []float64
+
+func (r *rates) String() string {
+	var s []string
+	for _, c := range *r {
+		s = append(s, strconv.FormatFloat(c, 'f', -1, 64))
+	}
+	return strings.Join(s, ",")
+}
+
+func (r *rates) Set(list string) error {
+	*r = nil
+	for _, field := range strings.Split(list, ",") {
+		if field = strings.TrimSpace(field); field == "" {
+			continue
+		}
+		c, err := strconv.ParseFloat(field, 64)
+		if err != nil || c <= 0 {
+			return fmt.Errorf("%q is not a positive rate in events/s", field)
+		}
+		*r = append(*r, c)
+	}
+	return nil
+}
 
 // neighbourRun is what one good-neighbour run measured: the application's
 // commit latencies, and the drain beside it.
@@ -85,6 +119,10 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 	capped := &neighbours{what: "spillway, capped at the naive drainer's rate"}
 	deleting := &neighbours{what: "spillway, published rows deleted (uncapped)"}
 	synchronous := &neighbours{what: "spillway, synchronous_commit on"}
+	var fixedCaps []*neighbours
+	for _, c := range neighbourCaps {
+		fixedCaps = append(fixedCaps, &neighbours{what: fmt.Sprintf("spillway, capped at %.0f events/s", c)})
+	}
 	spillway := func(tweak func(*drainer.Config)) func() drain {
 		return func() drain {
 			f := b.newFleet(ctx, spec, 1, tweak)
@@ -92,8 +130,8 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 		}
 	}
 	for round := range *rounds {
-		log.Printf("good neighbour, round %d of %d: the application at %d commits/s beside no drainer, naive, spillway, spillway capped, spillway deleting published rows, spillway with synchronous_commit on",
-			round+1, *rounds, *neighbourRate)
+		log.Printf("good neighbour, round %d of %d: the application at %d commits/s beside no drainer, naive, spillway, spillway capped, spillway deleting published rows, spillway with synchronous_commit on%s",
+			round+1, *rounds, *neighbourRate, capsLogged())
 		none.runs = append(none.runs, b.neighbourRun(ctx, app, spec, nil))
 		naive.runs = append(naive.runs, b.neighbourRun(ctx, app, spec, func() drain {
 			n := b.startNaive(ctx, spec)
@@ -104,11 +142,14 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 		capped.runs = append(capped.runs, b.neighbourRun(ctx, app, spec, spillway(func(c *drainer.Config) { c.MaxRate = naiveRate })))
 		deleting.runs = append(deleting.runs, b.neighbourRun(ctx, app, spec, spillway(deletePublished)))
 		synchronous.runs = append(synchronous.runs, b.neighbourRun(ctx, app, spec, spillway(func(c *drainer.Config) { c.SynchronousCommit = true })))
+		for i, n := range fixedCaps {
+			n.runs = append(n.runs, b.neighbourRun(ctx, app, spec, spillway(func(c *drainer.Config) { c.MaxRate = neighbourCaps[i] })))
+		}
 	}
 
 	fmt.Printf("\ngood neighbour: the application commits %d single-row outbox events/s over %d connections for %s, beside a backlog of %d rows; medians of %d rounds\n",
 		*neighbourRate, *neighbourConns, *neighbourDuration, *neighbourBacklog, *rounds)
-	for _, n := range []*neighbours{none, naive, spill, capped, deleting, synchronous} {
+	for _, n := range append([]*neighbours{none, naive, spill, capped, deleting, synchronous}, fixedCaps...) {
 		n.report(none)
 	}
 	base := none.p99()
@@ -117,6 +158,14 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 		target("commit p99 beside spillway deleting ≤ 2 × without", fmt.Sprintf("%.2f", deleting.p99()/base), deleting.p99() <= 2*base),
 		target("commit p99, spillway capped ≤ beside naive", fmt.Sprintf("%.2f", capped.p99()/naive.p99()), capped.p99() <= naive.p99()),
 	}
+}
+
+// capsLogged names the extra capped runs in a round's log line.
+func capsLogged() string {
+	if len(neighbourCaps) == 0 {
+		return ""
+	}
+	return ", spillway capped at " + neighbourCaps.String() + " events/s"
 }
 
 // report prints the application's commit latency beside one way of
