@@ -1,8 +1,9 @@
 // Package testenv connects tests to the real local Postgres and RabbitMQ and
 // gives each test its own table, exchange and queue, so packages can run in
 // parallel against the one server of each. It asserts nothing and imports
-// neither Ginkgo nor envtest, so the benchmark and make demo use it too and
-// list only their own flags; test/suite holds the helpers that assert.
+// neither Ginkgo nor envtest, so the benchmark uses it too and lists only its
+// own flags; test/suite holds the helpers that assert, test/kubeenv the
+// control plane and the local cluster.
 package testenv
 
 import (
