@@ -96,8 +96,9 @@ func (n *neighbours) rate() float64 {
 // goodNeighbour measures the harm a drain does to the application that
 // shares its database: the application commits single-row outbox events at
 // a fixed rate over several connections while a backlog is drained beside
-// it, by nothing, by Spillway, by the naive drainer, and by Spillway capped
-// at the naive drainer's rate.
+// it: by nothing, by the naive drainer, and by Spillway uncapped, capped at
+// the naive drainer's rate and at each -neighbour-caps, deleting published
+// rows, and with synchronous_commit on.
 func (b *bench) goodNeighbour(ctx context.Context) []string {
 	spec := b.outbox(ctx)
 	defer b.exec(ctx, "DROP TABLE "+spec.Name)
@@ -129,9 +130,14 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 			return drain{published: func() int { return int(f.published()) }, stop: f.run(ctx)}
 		}
 	}
+	all := append([]*neighbours{none, naive, spill, capped, deleting, synchronous}, fixedCaps...)
+	var beside []string
+	for _, n := range all {
+		beside = append(beside, n.what)
+	}
 	for round := range *rounds {
-		log.Printf("good neighbour, round %d of %d: the application at %d commits/s beside no drainer, naive, spillway, spillway capped, spillway deleting published rows, spillway with synchronous_commit on%s",
-			round+1, *rounds, *neighbourRate, capsLogged())
+		log.Printf("good neighbour, round %d of %d: the application at %d commits/s beside %s",
+			round+1, *rounds, *neighbourRate, strings.Join(beside, "; "))
 		none.runs = append(none.runs, b.neighbourRun(ctx, app, spec, nil))
 		naive.runs = append(naive.runs, b.neighbourRun(ctx, app, spec, func() drain {
 			n := b.startNaive(ctx, spec)
@@ -149,7 +155,7 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 
 	fmt.Printf("\ngood neighbour: the application commits %d single-row outbox events/s over %d connections for %s, beside a backlog of %d rows; medians of %d rounds\n",
 		*neighbourRate, *neighbourConns, *neighbourDuration, *neighbourBacklog, *rounds)
-	for _, n := range append([]*neighbours{none, naive, spill, capped, deleting, synchronous}, fixedCaps...) {
+	for _, n := range all {
 		n.report(none)
 	}
 	base := none.p99()
@@ -158,14 +164,6 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 		target("commit p99 beside spillway deleting ≤ 2 × without", fmt.Sprintf("%.2f", deleting.p99()/base), deleting.p99() <= 2*base),
 		target("commit p99, spillway capped ≤ beside naive", fmt.Sprintf("%.2f", capped.p99()/naive.p99()), capped.p99() <= naive.p99()),
 	}
-}
-
-// capsLogged names the extra capped runs in a round's log line.
-func capsLogged() string {
-	if len(neighbourCaps) == 0 {
-		return ""
-	}
-	return ", spillway capped at " + neighbourCaps.String() + " events/s"
 }
 
 // report prints the application's commit latency beside one way of
