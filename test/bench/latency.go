@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/test/testenv"
@@ -28,6 +29,10 @@ type latencyRun struct {
 	// p50 and p99 of the two legs: insert to claim, and claim to settle
 	// (publish, confirm, and the settle's start).
 	toClaim, toSettle [2]time.Duration
+	// confirm is p50 and p99 of publish to confirm within the second leg,
+	// from the drainer's histogram, so a slow tail can be told apart: the
+	// broker's or the drainer's own.
+	confirm [2]time.Duration
 	// notifications the commits sent, counted by the bench's own listener
 	notifications int64
 	rate          float64 // achieved insert rate
@@ -114,6 +119,11 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 	seconds := func(x float64) time.Duration { return time.Duration(x * float64(time.Second)) }
 	run.toClaim = [2]time.Duration{seconds(parts[0]), seconds(parts[1])}
 	run.toSettle = [2]time.Duration{seconds(parts[2]), seconds(parts[3])}
+	var confirms dto.Metric
+	if err := f.metrics[0].ConfirmLatency.Write(&confirms); err != nil {
+		log.Fatal(err)
+	}
+	run.confirm = [2]time.Duration{bucketQuantile(confirms.GetHistogram(), 0.5), bucketQuantile(confirms.GetHistogram(), 0.99)}
 	rows, err := b.pool.Query(ctx, "SELECT id::text, published_at FROM "+spec.Name)
 	if err != nil {
 		log.Fatal(err)
@@ -141,9 +151,28 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 }
 
 func (r latencyRun) String() string {
-	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s, %d notified; p50/p99 insert→claim %.1f/%.1f ms, claim→settle %.1f/%.1f ms)  %s  WAL/1k events %.0f kB, table %d pages",
-		ms(r.p50), ms(r.p99), r.events, r.rate, r.notifications, ms(r.toClaim[0]), ms(r.toClaim[1]), ms(r.toSettle[0]), ms(r.toSettle[1]), r.cpu,
+	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s, %d notified; p50/p99 insert→claim %.1f/%.1f ms, claim→settle %.1f/%.1f ms, of which publish→confirm %.1f/%.1f)  %s  WAL/1k events %.0f kB, table %d pages",
+		ms(r.p50), ms(r.p99), r.events, r.rate, r.notifications, ms(r.toClaim[0]), ms(r.toClaim[1]), ms(r.toSettle[0]), ms(r.toSettle[1]),
+		ms(r.confirm[0]), ms(r.confirm[1]), r.cpu,
 		r.walBytes/float64(r.events)*1000/1024, r.pages)
+}
+
+// bucketQuantile estimates the q quantile of a histogram as Prometheus's
+// histogram_quantile does: linearly within the bucket that holds it.
+func bucketQuantile(h *dto.Histogram, q float64) time.Duration {
+	if h.GetSampleCount() == 0 {
+		return 0
+	}
+	rank := q * float64(h.GetSampleCount())
+	lower, below := 0.0, 0.0
+	for _, b := range h.GetBucket() {
+		count, upper := float64(b.GetCumulativeCount()), b.GetUpperBound()
+		if count >= rank && count > below {
+			return time.Duration((lower + (upper-lower)*(rank-below)/(count-below)) * float64(time.Second))
+		}
+		lower, below = upper, count
+	}
+	return time.Duration(lower * float64(time.Second)) // past the last bound
 }
 
 // countNotifications listens on spec's channel, as a drainer does, and
