@@ -67,14 +67,18 @@ type neighbourRun struct {
 	ranEmpty bool // the backlog was drained before the run ended
 }
 
+// drainRate is the events per second the drain published during the run.
+func (r neighbourRun) drainRate() float64 { return float64(r.drained) / r.wall.Seconds() }
+
 func (r neighbourRun) quantile(q float64) time.Duration {
 	return r.commits[min(int(q*float64(len(r.commits))), len(r.commits)-1)]
 }
 
 // neighbours accumulates the runs of one way of draining.
 type neighbours struct {
-	what string
-	runs []neighbourRun
+	what  string
+	start func() drain // nil: no drain
+	runs  []neighbourRun
 }
 
 func (n *neighbours) median(f func(neighbourRun) float64) float64 {
@@ -90,7 +94,7 @@ func (n *neighbours) p99() float64 {
 }
 
 func (n *neighbours) rate() float64 {
-	return n.median(func(r neighbourRun) float64 { return float64(r.drained) / r.wall.Seconds() })
+	return n.median(neighbourRun.drainRate)
 }
 
 // goodNeighbour measures the harm a drain does to the application that
@@ -114,23 +118,30 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 	}
 	defer app.Close()
 
-	none := &neighbours{what: "no drainer"}
-	naive := &neighbours{what: "naive drainer"}
-	spill := &neighbours{what: "spillway, 1 drainer, defaults (uncapped)"}
-	capped := &neighbours{what: "spillway, capped at the naive drainer's rate"}
-	deleting := &neighbours{what: "spillway, published rows deleted (uncapped)"}
-	synchronous := &neighbours{what: "spillway, synchronous_commit on"}
-	var fixedCaps []*neighbours
-	for _, c := range neighbourCaps {
-		fixedCaps = append(fixedCaps, &neighbours{what: fmt.Sprintf("spillway, capped at %.0f events/s", c)})
-	}
 	spillway := func(tweak func(*drainer.Config)) func() drain {
 		return func() drain {
 			f := b.newFleet(ctx, spec, 1, tweak)
 			return drain{published: func() int { return int(f.published()) }, stop: f.run(ctx)}
 		}
 	}
-	all := append([]*neighbours{none, naive, spill, capped, deleting, synchronous}, fixedCaps...)
+	none := &neighbours{what: "no drainer"}
+	naive := &neighbours{what: "naive drainer", start: func() drain {
+		n := b.startNaive(ctx, spec)
+		return drain{published: func() int { return int(n.published.Load()) }, stop: n.stop}
+	}}
+	spill := &neighbours{what: "spillway, 1 drainer, defaults (uncapped)", start: spillway(nil)}
+	// The capped run comes after the naive drainer's in each round, and is
+	// capped at the rate that run drained at.
+	capped := &neighbours{what: "spillway, capped at the naive drainer's rate", start: spillway(func(c *drainer.Config) {
+		c.MaxRate = naive.runs[len(naive.runs)-1].drainRate()
+	})}
+	deleting := &neighbours{what: "spillway, published rows deleted (uncapped)", start: spillway(deletePublished)}
+	synchronous := &neighbours{what: "spillway, synchronous_commit on", start: spillway(func(c *drainer.Config) { c.SynchronousCommit = true })}
+	all := []*neighbours{none, naive, spill, capped, deleting, synchronous}
+	for _, rate := range neighbourCaps {
+		all = append(all, &neighbours{what: fmt.Sprintf("spillway, capped at %.0f events/s", rate),
+			start: spillway(func(c *drainer.Config) { c.MaxRate = rate })})
+	}
 	var beside []string
 	for _, n := range all {
 		beside = append(beside, n.what)
@@ -138,18 +149,8 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 	for round := range *rounds {
 		log.Printf("good neighbour, round %d of %d: the application at %d commits/s beside %s",
 			round+1, *rounds, *neighbourRate, strings.Join(beside, "; "))
-		none.runs = append(none.runs, b.neighbourRun(ctx, app, spec, nil))
-		naive.runs = append(naive.runs, b.neighbourRun(ctx, app, spec, func() drain {
-			n := b.startNaive(ctx, spec)
-			return drain{published: func() int { return int(n.published.Load()) }, stop: n.stop}
-		}))
-		naiveRate := float64(naive.runs[round].drained) / naive.runs[round].wall.Seconds()
-		spill.runs = append(spill.runs, b.neighbourRun(ctx, app, spec, spillway(nil)))
-		capped.runs = append(capped.runs, b.neighbourRun(ctx, app, spec, spillway(func(c *drainer.Config) { c.MaxRate = naiveRate })))
-		deleting.runs = append(deleting.runs, b.neighbourRun(ctx, app, spec, spillway(deletePublished)))
-		synchronous.runs = append(synchronous.runs, b.neighbourRun(ctx, app, spec, spillway(func(c *drainer.Config) { c.SynchronousCommit = true })))
-		for i, n := range fixedCaps {
-			n.runs = append(n.runs, b.neighbourRun(ctx, app, spec, spillway(func(c *drainer.Config) { c.MaxRate = neighbourCaps[i] })))
+		for _, n := range all {
+			n.runs = append(n.runs, b.neighbourRun(ctx, app, spec, n.start))
 		}
 	}
 
