@@ -78,10 +78,9 @@ func runFault(ctx context.Context, name string, outbox testenv.Outbox, ledger *t
 	stopped = true
 	Expect(err).NotTo(HaveOccurred())
 	f.timeline.Mark("flow stopped after %d events", len(flowed))
-	drained, err := outbox.WaitDrained(ctx, 3*time.Minute)
+	_, err = outbox.WaitDrained(ctx, 3*time.Minute)
 	Expect(err).NotTo(HaveOccurred(), f.timeline.String())
 	f.recovery = f.timeline.Mark("backlog 0") - f.injected
-	_ = drained
 
 	all := append(burst, flowed...)
 	f.events = len(all)
