@@ -146,7 +146,7 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 		log.Fatalf("latency run: %d latencies of %d rows: %v", len(latencies), total, rows.Err())
 	}
 	slices.Sort(latencies)
-	run.p50, run.p99 = latencies[total/2], latencies[total*99/100]
+	run.p50, run.p99 = quantile(latencies, 0.5), quantile(latencies, 0.99)
 	b.purge()
 	return run
 }

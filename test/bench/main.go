@@ -339,6 +339,12 @@ func median(xs []float64) float64 {
 	return s[len(s)/2]
 }
 
+// quantile is the q quantile of sorted, a non-empty sample sorted
+// ascending: the sample at rank ⌊q·n⌋.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	return sorted[min(int(q*float64(len(sorted))), len(sorted)-1)]
+}
+
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
 func (b *bench) payload() []byte {
@@ -625,7 +631,7 @@ func (b *bench) claimLatencies(ctx context.Context, setups []claimSetup) [][2]ti
 	var out [][2]time.Duration
 	for _, t := range tables {
 		slices.Sort(t.took)
-		out = append(out, [2]time.Duration{t.took[len(t.took)/2], t.took[len(t.took)*95/100]})
+		out = append(out, [2]time.Duration{quantile(t.took, 0.5), quantile(t.took, 0.95)})
 	}
 	return out
 }

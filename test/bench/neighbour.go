@@ -70,10 +70,6 @@ type neighbourRun struct {
 // drainRate is the events per second the drain published during the run.
 func (r neighbourRun) drainRate() float64 { return float64(r.drained) / r.wall.Seconds() }
 
-func (r neighbourRun) quantile(q float64) time.Duration {
-	return r.commits[min(int(q*float64(len(r.commits))), len(r.commits)-1)]
-}
-
 // neighbours accumulates the runs of one way of draining.
 type neighbours struct {
 	what  string
@@ -90,7 +86,7 @@ func (n *neighbours) median(f func(neighbourRun) float64) float64 {
 }
 
 func (n *neighbours) p99() float64 {
-	return n.median(func(r neighbourRun) float64 { return ms(r.quantile(0.99)) })
+	return n.median(func(r neighbourRun) float64 { return ms(quantile(r.commits, 0.99)) })
 }
 
 func (n *neighbours) rate() float64 {
@@ -171,7 +167,7 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 // draining, the drain's rate, the WAL written and synced meanwhile, and
 // each round's p99.
 func (n *neighbours) report(none *neighbours) {
-	p50 := n.median(func(r neighbourRun) float64 { return ms(r.quantile(0.5)) })
+	p50 := n.median(func(r neighbourRun) float64 { return ms(quantile(r.commits, 0.5)) })
 	line := fmt.Sprintf("%-46s commit p50 %6.2f ms  p99 %6.2f ms (%.2fx)", n.what, p50, n.p99(), n.p99()/none.p99())
 	if n != none {
 		line += fmt.Sprintf("  drained %6.0f events/s", n.rate())
@@ -187,7 +183,7 @@ func (n *neighbours) report(none *neighbours) {
 		if r.ranEmpty {
 			empty = append(empty, fmt.Sprint(i+1))
 		}
-		p99s = append(p99s, fmt.Sprintf("%.2f", ms(r.quantile(0.99))))
+		p99s = append(p99s, fmt.Sprintf("%.2f", ms(quantile(r.commits, 0.99))))
 	}
 	if len(p99s) > 1 {
 		// A p99 of a few thousand commits moves from round to round as much
