@@ -162,9 +162,9 @@ func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
 		defer cancel()
 		if err := d.rate.refresh(ctx, time.Now(), d.roster.Others); err != nil {
 			d.log.Warn("Could not count the drainers sharing --max-rate; keeping this one's share until the next count",
-				"error", err, "perSecond", d.rate.share())
+				"error", err, "perSecond", d.rate.capShare())
 		}
-		d.metrics.RateShare.Set(d.rate.share())
+		d.metrics.RateShare.Set(d.rate.capShare())
 		params := d.cfg.ClaimParams()
 		params.BatchSize = d.rate.claimSize(params.BatchSize)
 		c.size = params.BatchSize

@@ -113,6 +113,8 @@ func (c *Config) RegisterFlags(fs *flag.FlagSet) {
 		"with --ordering-key-column, what a failed row does to its key: block (the later rows wait for it; the default) or skip (it is poisoned at once, and they go on)")
 	fs.Float64Var(&c.MaxRate, "max-rate", c.MaxRate,
 		"events per second that all the drainers of the table publish together, at most, each taking an equal share (0: no cap)")
+	fs.DurationVar(&c.MaxCommitLatency, "max-commit-latency", c.MaxCommitLatency,
+		"slow the drain down while a commit on the database takes longer than this, as timed on one settle every 100ms committed synchronously (0: off)")
 }
 
 func defaultDrainerID() string {

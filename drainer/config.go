@@ -71,6 +71,9 @@ type Config struct {
 	// MaxRate caps the events per second that all the drainers of the table
 	// publish together (0: no cap); each takes an equal share of it.
 	MaxRate float64
+	// MaxCommitLatency paces the drain by the database's commits (0: off):
+	// while a commit takes longer, the drainer slows down (commitGuard).
+	MaxCommitLatency time.Duration
 	// SerialBatches waits for a batch to settle before claiming the next. It
 	// exists to measure what overlapping claims with confirms buys; there is
 	// no flag for it.
@@ -237,6 +240,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRate < 0 || math.IsNaN(c.MaxRate) || math.IsInf(c.MaxRate, 0) {
 		errs = append(errs, field.Invalid(field.NewPath("maxRate"), c.MaxRate, "must be 0 (no cap) or a positive number of events per second"))
+	}
+	if c.MaxCommitLatency < 0 {
+		errs = append(errs, field.Invalid(field.NewPath("maxCommitLatency"), c.MaxCommitLatency.String(), "must be 0 (off) or a positive duration"))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("shutdownTimeout"), c.ShutdownTimeout.String(), "must be greater than 0"))

@@ -86,8 +86,10 @@ type Drainer struct {
 	// rotateBroker asks for a reconnect between batches: the broker URL
 	// file changed.
 	rotateBroker atomic.Bool
-	// rate is --max-rate's share, or nil.
+	// rate is --max-rate's share and the commit guard's pace, or nil.
 	rate *rateCap
+	// guard is --max-commit-latency, or nil; settle goroutine only.
+	guard *commitGuard
 }
 
 // New checks the config and returns a drainer over store.
@@ -116,7 +118,8 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		hush:     store.NotifyHush(cfg.Table),
 		roster:   store.Roster(cfg.Table),
 		held:     heldClaims{tokens: map[int64]int{}},
-		rate:     newRateCap(cfg.MaxRate, cfg.BatchSize),
+		rate:     newRateCap(cfg.MaxRate, cfg.BatchSize, cfg.MaxCommitLatency > 0),
+		guard:    newCommitGuard(cfg.MaxCommitLatency),
 	}
 	d.liveness.beat(0)
 	return d, nil

@@ -16,6 +16,8 @@ type Metrics struct {
 	LastPublish    prometheus.Gauge
 	Listening      prometheus.Gauge
 	RateShare      prometheus.Gauge
+	CommitLatency  prometheus.Histogram
+	CommitPace     prometheus.Gauge
 	Pruned         *prometheus.CounterVec
 }
 
@@ -45,10 +47,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"1 while a LISTEN session on the table's notify channel is up and inserts wake the drainer at once; 0 while it relies on the poll."))),
 		RateShare: prometheus.NewGauge(prometheus.GaugeOpts(opts("rate_share_events_per_second",
 			"This drainer's share of --max-rate: the cap divided among the drainers running on the table (0 without a cap)."))),
+		CommitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
+			Name: "commit_duration_seconds", Help: "With --max-commit-latency: the synchronous commit of one settle every 100ms, which waits for the WAL to be flushed as an application's commit does.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
+		CommitPace: prometheus.NewGauge(prometheus.GaugeOpts(opts("commit_pace_events_per_second",
+			"With --max-commit-latency: the events per second this drainer allows itself after its last commit slower than the ceiling (0 before any, or without the flag)."))),
 		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts(opts("pruned_rows_total",
 			"Rows deleted by retention, by kind (published; unpublished: past unpublishedMaxAge, never delivered).")), []string{"kind"}),
 	}
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
-		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.RateShare, m.Pruned)
+		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.RateShare,
+		m.CommitLatency, m.CommitPace, m.Pruned)
 	return m
 }

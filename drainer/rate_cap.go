@@ -3,6 +3,7 @@ package drainer
 import (
 	"context"
 	"math"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -10,7 +11,8 @@ import (
 
 // rateCap is --max-rate: the events per second that all the drainers of one
 // table publish together, at most, so that a backlog drains at a pace the
-// application's own commits can live beside. Each drainer takes an equal
+// application's own commits can live beside. It also holds a drainer to the
+// pace its commit guard sets (--max-commit-latency). Each drainer takes an equal
 // share among the drainers running on the table, counted every
 // shareInterval from a lock that each holds in shared mode (Roster): the
 // cap holds as a fleet scales, with no restart and no coordination but the
@@ -21,48 +23,88 @@ import (
 // settle; the others then took the whole cap, and a fleet of two capped at
 // 150 events/s published 164-196 a second under 300 events/s of commits.
 type rateCap struct {
+	// total is --max-rate, +Inf without a cap.
 	total   float64
 	batch   int
 	limiter *rate.Limiter
 	// counted is when the share was last set; claim goroutine only.
 	counted time.Time
+	// share is this drainer's part of total, pace the commit guard's; the
+	// limiter runs at the lower. The claim goroutine sets the share, the
+	// settle goroutine the pace.
+	mu          sync.Mutex
+	share, pace float64
 }
 
 // shareInterval is how often a drainer counts the others.
 const shareInterval = time.Second
 
-// newRateCap returns the cap, or nil for none; batch is the largest claim.
-// The bucket starts empty and holds a second of the share: a drainer that
-// starts, or comes back from an idle spell, publishes at the cap's pace and
-// never a batch ahead of it. With a full bucket of a batch, an 8 s run
-// capped at 187 events/s published 233 a second.
-func newRateCap(total float64, batch int) *rateCap {
-	if total <= 0 {
+// newRateCap returns the cap, or nil for none (no --max-rate and no commit
+// guard); batch is the largest claim. The bucket starts empty and holds a
+// second of the share: a drainer that starts, or comes back from an idle
+// spell, publishes at the cap's pace and never a batch ahead of it. With a
+// full bucket of a batch, an 8 s run capped at 187 events/s published 233 a
+// second.
+func newRateCap(total float64, batch int, guarded bool) *rateCap {
+	if total <= 0 && !guarded {
 		return nil
 	}
-	r := &rateCap{total: total, batch: batch}
-	r.limiter = rate.NewLimiter(rate.Limit(total), r.burst(total))
+	r := &rateCap{total: math.Inf(1), batch: batch, share: math.Inf(1), pace: math.Inf(1)}
+	if total > 0 {
+		r.total, r.share = total, total
+	}
+	r.limiter = rate.NewLimiter(limitOf(r.share), r.burst(r.share))
 	r.limiter.ReserveN(time.Now(), r.limiter.Burst())
 	return r
+}
+
+// limitOf is perSecond as the limiter's limit.
+func limitOf(perSecond float64) rate.Limit {
+	if math.IsInf(perSecond, 1) {
+		return rate.Inf
+	}
+	return rate.Limit(perSecond)
 }
 
 // burst is a second of a share, within a claim: the most a drainer may
 // publish ahead of pace.
 func (r *rateCap) burst(perSecond float64) int {
-	return max(1, min(r.batch, int(math.Ceil(perSecond))))
+	return max(1, int(math.Min(float64(r.batch), math.Ceil(perSecond))))
 }
 
-// share is this drainer's events per second, 0 without a cap.
-func (r *rateCap) share() float64 {
+// capShare is this drainer's share of --max-rate, 0 without a cap.
+func (r *rateCap) capShare() float64 {
 	if r == nil {
 		return 0
 	}
-	return float64(r.limiter.Limit())
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if math.IsInf(r.share, 1) {
+		return 0
+	}
+	return r.share
 }
 
-// setShare sets this drainer's events per second.
+// setShare sets this drainer's share of --max-rate, in events per second.
 func (r *rateCap) setShare(perSecond float64) {
-	r.limiter.SetLimit(rate.Limit(perSecond))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.share = perSecond
+	r.apply()
+}
+
+// setPace sets the commit guard's pace, in events per second.
+func (r *rateCap) setPace(perSecond float64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.pace = perSecond
+	r.apply()
+}
+
+// apply runs the limiter at the lower of the share and the pace; r.mu held.
+func (r *rateCap) apply() {
+	perSecond := math.Min(r.share, r.pace)
+	r.limiter.SetLimit(limitOf(perSecond))
 	r.limiter.SetBurst(r.burst(perSecond))
 }
 
@@ -71,7 +113,7 @@ func (r *rateCap) setShare(perSecond float64) {
 // whole cap at first, which one drainer alone may use), and is tried again
 // a shareInterval later, not at every claim.
 func (r *rateCap) refresh(ctx context.Context, now time.Time, others func(context.Context) (int, error)) error {
-	if r == nil || now.Sub(r.counted) < shareInterval {
+	if r == nil || math.IsInf(r.total, 1) || now.Sub(r.counted) < shareInterval {
 		return nil
 	}
 	r.counted = now
@@ -99,7 +141,7 @@ func (r *rateCap) claimSize(batch int) int {
 	if r == nil {
 		return batch
 	}
-	return max(1, min(batch, int(float64(r.limiter.Limit())*claimPace.Seconds())))
+	return max(1, int(math.Min(float64(batch), float64(r.limiter.Limit())*claimPace.Seconds())))
 }
 
 // take counts n rows claimed against the share, and returns how long to wait

@@ -2,6 +2,8 @@ package drainer
 
 import (
 	"context"
+	"math"
+	"time"
 )
 
 // Phase 3: settling each batch's outcomes in the table.
@@ -72,6 +74,7 @@ func settlementOf(group []*batch, skip bool) Settlement {
 func (d *Drainer) settle(ctx context.Context, group []*batch) {
 	st := settlementOf(group, d.cfg.Table.Ordering.Skips())
 	st.DeletePublished = d.cfg.Retention.deletesPublished()
+	st.TimeCommit = d.guard.due(time.Now())
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseTTL)
 	defer cancel()
 	tries := 0
@@ -99,6 +102,7 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 		// wait for its poll.
 		d.poke()
 	}
+	d.pace(st, done)
 	d.metrics.Published.Add(float64(done.Published))
 	if done.Published > 0 {
 		d.metrics.LastPublish.SetToCurrentTime()
@@ -113,5 +117,30 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 		d.metrics.LeaseLost.Add(float64(lost))
 		d.log.Warn("Lease lost: the rows' leases expired and they were claimed again, so this settle left them alone",
 			"rows", lost, "published", len(st.Published), "marked", done.Published)
+	}
+}
+
+// pace feeds the commit guard one settle: its rows, and its commit when
+// timed. A settle that changed no row wrote no WAL, so its commit flushed
+// nothing and says nothing of the database's.
+func (d *Drainer) pace(st Settlement, done Settled) {
+	if d.guard == nil {
+		return
+	}
+	now, rows := time.Now(), done.Published+done.Failed+done.Released
+	d.guard.settled(now, int(rows))
+	if !st.TimeCommit || rows == 0 {
+		return
+	}
+	d.metrics.CommitLatency.Observe(done.Commit.Seconds())
+	pace, cut := d.guard.observe(now, done.Commit)
+	if math.IsInf(pace, 1) {
+		return
+	}
+	d.rate.setPace(pace)
+	d.metrics.CommitPace.Set(pace)
+	if cut && pace == minGuardedPace {
+		d.log.Warn("Commits take longer than --max-commit-latency even at the slowest pace; draining at it until they are faster",
+			"commit", done.Commit, "maxCommitLatency", d.cfg.MaxCommitLatency, "perSecond", pace)
 	}
 }

@@ -310,6 +310,8 @@ type Settlement struct {
 	// DeletePublished deletes the published rows instead of marking them:
 	// published rows are not kept.
 	DeletePublished bool
+	// TimeCommit commits the settle synchronously and times the commit.
+	TimeCommit bool
 }
 
 // Settled counts the rows each statement changed. Fewer than asked means the
@@ -317,6 +319,8 @@ type Settlement struct {
 // made due because their key's head was settled.
 type Settled struct {
 	Published, Failed, Released, Woken int64
+	// Commit is how long the commit took, when timed.
+	Commit time.Duration
 }
 
 // Settle runs phase 3 as one round trip: at most one statement per outcome,
@@ -345,23 +349,60 @@ func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, f F
 	if len(stmts) == 0 {
 		return done, nil
 	}
+	if !st.TimeCommit {
+		if err := sendSettle(ctx, s.pool, stmts, counts); err != nil {
+			return Settled{}, err
+		}
+		return done, nil
+	}
+	// Timed, the settle runs in a transaction of its own that commits
+	// synchronously, so its commit waits for the WAL as an application's
+	// does.
+	tx, err := s.pool.Begin(ctx)
+	if err != nil {
+		return Settled{}, fmt.Errorf("settle: %w", err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	stmts, counts = append([]Statement{synchronousCommit}, stmts...), append([]*int64{nil}, counts...)
+	if err := sendSettle(ctx, tx, stmts, counts); err != nil {
+		return Settled{}, err
+	}
+	start := time.Now()
+	if err := tx.Commit(ctx); err != nil {
+		return Settled{}, fmt.Errorf("settle commit: %w", err)
+	}
+	done.Commit = time.Since(start)
+	return done, nil
+}
+
+// synchronousCommit makes the rest of its transaction commit synchronously,
+// whatever the session's setting.
+var synchronousCommit = Statement{SQL: "SELECT set_config('synchronous_commit', 'on', true)"}
+
+// sendSettle runs stmts in one round trip and stores each one's row count
+// where counts points, unless that is nil.
+func sendSettle(ctx context.Context, db interface {
+	SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+}, stmts []Statement, counts []*int64) error {
 	batch := &pgx.Batch{}
 	for _, stmt := range stmts {
 		batch.Queue(stmt.SQL, stmt.Args...)
 	}
-	results := s.pool.SendBatch(ctx, batch)
+	results := db.SendBatch(ctx, batch)
 	for _, n := range counts {
 		tag, err := results.Exec()
 		if err != nil {
 			_ = results.Close()
-			return Settled{}, fmt.Errorf("settle batch: %w", err)
+			return fmt.Errorf("settle batch: %w", err)
 		}
-		*n = tag.RowsAffected()
+		if n != nil {
+			*n = tag.RowsAffected()
+		}
 	}
 	if err := results.Close(); err != nil {
-		return Settled{}, fmt.Errorf("settle batch: %w", err)
+		return fmt.Errorf("settle batch: %w", err)
 	}
-	return done, nil
+	return nil
 }
 
 // ReleaseHeld frees every claim held under drainerID but those of the claims

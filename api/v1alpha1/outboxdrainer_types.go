@@ -381,6 +381,19 @@ type OutboxDrainerSpec struct {
 	// +kubebuilder:validation:Minimum=1
 	// +optional
 	MaxRate *int64 `json:"maxRate,omitempty"`
+	// MaxCommitLatency slows each drainer down while a commit on the
+	// database takes longer than this: ten times a second, a drainer commits
+	// one of its settles synchronously and times it, halves its pace when
+	// the commit was slower, and raises it step by step while commits are
+	// faster. An application's commit waits for the same WAL flush, so this
+	// protects its commit latency without a rate to guess. Within maxRate,
+	// when both are set. Unset: off.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
+	// +kubebuilder:validation:MaxLength=32
+	// +kubebuilder:validation:XValidation:rule="duration(self) > duration('0s')",message="must be positive"
+	// +optional
+	MaxCommitLatency *metav1.Duration `json:"maxCommitLatency,omitempty"`
 
 	// StatusInterval is how often the operator reads the outbox's backlog.
 	// +kubebuilder:validation:Type=string

@@ -253,6 +253,11 @@ func (in *OutboxDrainerSpec) DeepCopyInto(out *OutboxDrainerSpec) {
 		*out = new(int64)
 		**out = **in
 	}
+	if in.MaxCommitLatency != nil {
+		in, out := &in.MaxCommitLatency, &out.MaxCommitLatency
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	out.StatusInterval = in.StatusInterval
 	in.Resources.DeepCopyInto(&out.Resources)
 	in.Pod.DeepCopyInto(&out.Pod)

@@ -123,6 +123,9 @@ func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
 	if s.MaxRate != nil {
 		args = append(args, "--max-rate="+strconv.FormatInt(*s.MaxRate, 10))
 	}
+	if s.MaxCommitLatency != nil {
+		args = append(args, "--max-commit-latency="+s.MaxCommitLatency.Duration.String())
+	}
 	// Unset retention keeps rows forever; a published window of 0s keeps
 	// no published row.
 	if r := s.Retention; r != nil {

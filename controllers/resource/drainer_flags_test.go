@@ -51,6 +51,7 @@ var _ = Describe("The drainer's command line", func() {
 			UnpublishedMaxAge: &metav1.Duration{Duration: 720 * time.Hour},
 		}
 		od.Spec.MaxRate = ptr.To(int64(1600))
+		od.Spec.MaxCommitLatency = &metav1.Duration{Duration: 4 * time.Millisecond}
 		od.Spec.Broker.MessageProperties = "Compact"
 		od.Spec.Ordering = &v1alpha1.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}
 		args := DrainArgs(od.Spec)
@@ -72,6 +73,7 @@ var _ = Describe("The drainer's command line", func() {
 		Expect(*cfg.Retention.Published).To(Equal(72 * time.Hour))
 		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
 		Expect(cfg.MaxRate).To(Equal(1600.0))
+		Expect(cfg.MaxCommitLatency).To(Equal(4 * time.Millisecond))
 		Expect(cfg.Broker.MessageProperties).To(Equal(drainer.CompactProperties))
 		Expect(cfg.Table.Ordering).To(Equal(drainer.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}))
 		Expect(httpAddr).To(Equal(fmt.Sprintf(":%d", MetricsPort)))

@@ -1,0 +1,113 @@
+package drainer
+
+import (
+	"math"
+	"time"
+)
+
+// commitGuard is --max-commit-latency: it paces the drain by how long a
+// commit on the database takes while it runs. An application's commit waits
+// for the WAL to be flushed up to its commit record, the drain's WAL before
+// it included, so that wait grows with the drain's pace: in make bench the
+// application's commit p99 beside an uncapped drain was 3.5–4.1 × its p99
+// alone, and a --max-rate that keeps it within twice depends on the disk.
+// The guard finds that pace as TCP's congestion control finds a link's
+// rate: every commitProbeInterval one settle commits synchronously and is
+// timed; a commit slower than the ceiling halves the pace, and each faster
+// one raises it a step.
+//
+// Used by the settle goroutine only; the pace reaches the claims through
+// the rate cap's limiter.
+type commitGuard struct {
+	ceiling time.Duration
+	// pace is the events per second the guard allows; +Inf until the first
+	// slow commit. A cut halves it; each fast commit after adds recovery, a
+	// thirty-second of where the cut came from, so it is back there 1.6 s
+	// later if commits stay fast.
+	pace float64
+	// recovery is what each fast commit adds to the pace.
+	recovery float64
+	cut      time.Time
+	probed   time.Time
+	// settles are the rows settled within the last rateWindow, for the
+	// drain's own pace when a cut comes.
+	settles []settledRows
+}
+
+type settledRows struct {
+	at   time.Time
+	rows int
+}
+
+const (
+	// commitProbeInterval is how often a settle is timed: ten synchronous
+	// commits a second add no flush an application would notice.
+	commitProbeInterval = 100 * time.Millisecond
+	// commitGuardHold is how long after a cut the guard waits before judging
+	// the pace again: the commits of the old pace's WAL are still being
+	// flushed, and judging them would cut again for the same excess.
+	commitGuardHold = 3 * commitProbeInterval
+	// minGuardedPace keeps a claim of a row going every claimPace, and with
+	// it the timed settles that tell when the database has room again.
+	minGuardedPace = 10.0
+	// rateWindow is the span over which the drain's own pace is read.
+	rateWindow = time.Second
+)
+
+// newCommitGuard returns the guard, or nil for none.
+func newCommitGuard(ceiling time.Duration) *commitGuard {
+	if ceiling <= 0 {
+		return nil
+	}
+	return &commitGuard{ceiling: ceiling, pace: math.Inf(1)}
+}
+
+// due says whether the next settle should be timed.
+func (g *commitGuard) due(now time.Time) bool {
+	return g != nil && now.Sub(g.probed) >= commitProbeInterval
+}
+
+// settled counts the rows one settle changed.
+func (g *commitGuard) settled(now time.Time, rows int) {
+	if g == nil || rows == 0 {
+		return
+	}
+	g.settles = append(g.settles, settledRows{at: now, rows: rows})
+}
+
+// drainRate is the rows settled per second over the rateWindow up to now.
+func (g *commitGuard) drainRate(now time.Time) float64 {
+	old := 0
+	for old < len(g.settles) && now.Sub(g.settles[old].at) >= rateWindow {
+		old++
+	}
+	g.settles = g.settles[old:]
+	rows := 0
+	for _, s := range g.settles {
+		rows += s.rows
+	}
+	return float64(rows) / rateWindow.Seconds()
+}
+
+// observe takes one timed commit and returns the pace, and whether this
+// commit cut it.
+func (g *commitGuard) observe(now time.Time, commit time.Duration) (pace float64, cut bool) {
+	g.probed = now
+	if now.Sub(g.cut) < commitGuardHold {
+		return g.pace, false
+	}
+	if commit > g.ceiling {
+		// Cut from what the drain really did: a pace it could not reach,
+		// because the broker or a shallow backlog held it back, says
+		// nothing of the WAL it wrote.
+		from := math.Min(g.pace, g.drainRate(now))
+		g.pace = math.Max(minGuardedPace, from/2)
+		g.recovery = math.Max(1, from/32)
+		g.cut = now
+		return g.pace, true
+	}
+	if !math.IsInf(g.pace, 1) {
+		g.pace += g.recovery
+	}
+	return g.pace, false
+}

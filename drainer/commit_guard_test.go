@@ -1,0 +1,124 @@
+package drainer
+
+import (
+	"math"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gbytes"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+var _ = Describe("The commit guard", func() {
+	start := time.Date(2026, 12, 5, 10, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return start.Add(d) }
+
+	It("is off without a ceiling, and times a settle every probe interval with one", func() {
+		var none *commitGuard
+		Expect(newCommitGuard(0)).To(BeNil())
+		Expect(none.due(start)).To(BeFalse())
+		none.settled(start, 500) // no panic
+
+		g := newCommitGuard(5 * time.Millisecond)
+		Expect(g.due(start)).To(BeTrue(), "the first settle is timed")
+		g.observe(start, time.Millisecond)
+		Expect(g.due(at(commitProbeInterval - time.Millisecond))).To(BeFalse())
+		Expect(g.due(at(commitProbeInterval))).To(BeTrue())
+	})
+
+	It("leaves the drain unpaced while commits are within the ceiling", func() {
+		g := newCommitGuard(5 * time.Millisecond)
+		for i := range 50 {
+			now := at(time.Duration(i) * commitProbeInterval)
+			g.settled(now, 800)
+			pace, cut := g.observe(now, 5*time.Millisecond)
+			Expect(cut).To(BeFalse())
+			Expect(math.IsInf(pace, 1)).To(BeTrue(), "a commit at the ceiling is within it")
+		}
+	})
+
+	It("halves what the drain did in the last second at a slow commit, holds, then climbs back in 1.6 s", func() {
+		g := newCommitGuard(5 * time.Millisecond)
+		// 800 rows every 100 ms for a second: 8,000 events/s.
+		for i := range 11 {
+			g.settled(at(time.Duration(i)*commitProbeInterval), 800)
+		}
+		Expect(g.drainRate(at(time.Second))).To(Equal(8000.0), "the last second's rows, the one before it gone")
+		now := at(time.Second)
+		pace, cut := g.observe(now, 9*time.Millisecond)
+		Expect(cut).To(BeTrue())
+		Expect(pace).To(Equal(4000.0))
+
+		pace, cut = g.observe(now.Add(commitGuardHold-time.Millisecond), 30*time.Millisecond)
+		Expect(cut).To(BeFalse(), "the old pace's WAL is still being flushed")
+		Expect(pace).To(Equal(4000.0), "nor does it climb while it waits")
+
+		now = now.Add(commitGuardHold)
+		for range 16 {
+			pace, _ = g.observe(now, time.Millisecond)
+			now = now.Add(commitProbeInterval)
+		}
+		Expect(pace).To(Equal(8000.0), "16 fast commits, 1.6 s, climb back to where it was cut from")
+	})
+
+	It("cuts from the drain's own rate when the pace was more than it reached, and never below its slowest pace", func() {
+		g := newCommitGuard(5 * time.Millisecond)
+		g.settled(start, 100)
+		pace, _ := g.observe(start, time.Second)
+		Expect(pace).To(Equal(50.0), "half of 100 rows in the last second")
+		// Far above what a shallow backlog lets it drain.
+		g.pace = 100000
+		now := at(time.Second)
+		g.settled(now, 60)
+		pace, _ = g.observe(now, time.Second)
+		Expect(pace).To(Equal(30.0), "half of 60/s, the 100 rows of a second ago out of it")
+		now = now.Add(rateWindow)
+		g.settled(now, 10)
+		pace, _ = g.observe(now, time.Second)
+		Expect(pace).To(Equal(minGuardedPace), "half of 10 events/s, but never below the slowest pace")
+		for range 20 {
+			now = now.Add(commitGuardHold)
+			pace, _ = g.observe(now, time.Second)
+		}
+		Expect(pace).To(Equal(minGuardedPace), "where a claim of a row and its timed settle still go on")
+	})
+
+	It("slows a drain to its slowest pace while every commit is slower than the ceiling", Label("integration"), func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		seed(ctx, spec.Name, 20000)
+		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		// No commit, synchronous or not, returns within a nanosecond.
+		cfg.MaxCommitLatency = time.Nanosecond
+		d := startDrainer(ctx, cfg)
+		pace := func() float64 { return testutil.ToFloat64(d.metrics.CommitPace) }
+		Eventually(pace, drainTimeout, 20*time.Millisecond).Should(Equal(minGuardedPace))
+		Expect(float64(d.rate.limiter.Limit())).To(Equal(minGuardedPace), "the claims are held to the pace")
+		Eventually(d.logs).Should(gbytes.Say(`Commits take longer than --max-commit-latency even at the slowest pace`))
+
+		published := func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }
+		from, began := published(), time.Now()
+		time.Sleep(3 * time.Second)
+		rate := float64(published()-from) / time.Since(began).Seconds()
+		GinkgoWriter.Printf("at the slowest pace: %.1f events/s; %d of 20,000 published\n", rate, published())
+		// A second of the pace may go at once, and the pace itself: 10/s.
+		Expect(rate).To(BeNumerically("<=", 2*minGuardedPace+5))
+		Expect(rate).To(BeNumerically(">", 0), "it still drains, and times its settles")
+		Expect(histogramCount(d.reg, "spillway_drainer_commit_duration_seconds")).To(BeNumerically(">", 10))
+		Expect(count(ctx, spec.Name, "published_at IS NULL")).To(BeNumerically(">", 10000), "the backlog waits")
+	})
+
+	It("drains at full speed while commits stay within the ceiling, timing them all along", Label("integration"), func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		seed(ctx, spec.Name, 20000)
+		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		cfg.MaxCommitLatency = time.Minute
+		d := startDrainer(ctx, cfg)
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		Expect(testutil.ToFloat64(d.metrics.CommitPace)).To(BeZero(), "never paced")
+		Expect(d.rate.limiter.Limit()).To(BeNumerically(">", 1e300), "unlimited")
+		Expect(histogramCount(d.reg, "spillway_drainer_commit_duration_seconds")).To(BeNumerically(">", 0))
+	})
+})
