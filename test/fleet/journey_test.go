@@ -446,6 +446,41 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 			})
 		})
 
+		It("slows the fleet to its slowest pace while maxCommitLatency is below what any commit takes, and drains the rest once it is removed", func(ctx SpecContext) {
+			// Each pod's slowest pace: a claim of a row every 100 ms.
+			const slowest = 2 * 10
+			check(ctx, "maxCommitLatency 1ns set, then removed (rolling updates)", func(ctx context.Context, f *fault) {
+				before := readyPods(ctx, shop, drainerLabels)
+				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"maxCommitLatency":"1ns"}}`)
+				f.inject("kubectl patch outboxdrainer %s: maxCommitLatency 1ns, under %d events/s of traffic", fleetName, faultTraffic)
+				waitRolledOut(ctx, f, before, "--max-commit-latency=1ns")
+				// Each pod halves its pace at each timed commit, 300 ms
+				// apart, from what it drained in its last second: seconds
+				// after it starts, it claims a row at a time.
+				window := func() float64 {
+					from, start := ledger.Total(), time.Now()
+					time.Sleep(3 * time.Second)
+					return float64(ledger.Total()-from) / time.Since(start).Seconds()
+				}
+				Eventually(window, 2*time.Minute).Should(BeNumerically("<=", 1.5*slowest))
+				f.timeline.Mark("the two pods publish at their slowest pace")
+				backlog, err := outbox.Backlog(ctx)
+				Expect(err).NotTo(HaveOccurred())
+				from, start := ledger.Total(), time.Now()
+				time.Sleep(10 * time.Second)
+				rate := float64(ledger.Total()-from) / time.Since(start).Seconds()
+				f.note("every commit slower than 1ns: the two pods published %.1f/s together", rate)
+				Expect(rate).To(BeNumerically("<=", 1.5*slowest), "each pod holds to its slowest pace")
+				Expect(rate).To(BeNumerically(">", 0), "and still drains, timing its commits")
+				Expect(outbox.Backlog(ctx)).To(BeNumerically(">", backlog), "the guard, not the traffic, set the pace: the backlog grew")
+
+				before = readyPods(ctx, shop, drainerLabels)
+				mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", shop, "--type=merge", "-p", `{"spec":{"maxCommitLatency":null}}`)
+				f.timeline.Mark("kubectl patch outboxdrainer %s: maxCommitLatency removed", fleetName)
+				waitRolledOutWithout(ctx, f, before, "--max-commit-latency")
+			})
+		})
+
 		It("goes on draining while the operator pod is killed, and its status resumes once a new operator pod holds the lease", func(ctx SpecContext) {
 			check(ctx, "operator pod killed (frozen, force-deleted)", func(ctx context.Context, f *fault) {
 				operators := readyPods(ctx, operatorNamespace, operatorLabels)
