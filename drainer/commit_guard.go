@@ -13,19 +13,22 @@ import (
 // alone, and a --max-rate that keeps it within twice depends on the disk.
 // The guard finds that pace as TCP's congestion control finds a link's
 // rate: every commitProbeInterval one settle commits synchronously and is
-// timed; a commit slower than the ceiling halves the pace, and each faster
-// one raises it a step.
+// timed. The pace starts low and doubles at each commit within the ceiling
+// (a backlog is often drained just after a checkpoint, when every page it
+// touches is logged whole, and a drain at full speed from the start took
+// the application's p99 up in its first second); a commit slower than the
+// ceiling halves it, and from then on each faster one raises it a step.
 //
 // Used by the settle goroutine only; the pace reaches the claims through
 // the rate cap's limiter.
 type commitGuard struct {
 	ceiling time.Duration
-	// pace is the events per second the guard allows; +Inf until the first
-	// slow commit. A cut halves it; each fast commit after adds recovery, a
-	// thirty-second of where the cut came from, so it is back there 1.6 s
-	// later if commits stay fast.
-	pace float64
-	// recovery is what each fast commit adds to the pace.
+	// pace is the events per second the guard allows. Until the first slow
+	// commit it doubles at each fast one; after, a cut halves it and each
+	// fast commit adds recovery, a thirty-second of where the cut came from,
+	// so it is back there 1.6 s later if commits stay fast.
+	pace     float64
+	doubling bool
 	recovery float64
 	cut      time.Time
 	probed   time.Time
@@ -50,6 +53,9 @@ const (
 	// minGuardedPace keeps a claim of a row going every claimPace, and with
 	// it the timed settles that tell when the database has room again.
 	minGuardedPace = 10.0
+	// startingPace is where the doubling starts: past 5,000 events/s in
+	// under a second.
+	startingPace = 10 * minGuardedPace
 	// rateWindow is the span over which the drain's own pace is read.
 	rateWindow = time.Second
 )
@@ -59,7 +65,7 @@ func newCommitGuard(ceiling time.Duration) *commitGuard {
 	if ceiling <= 0 {
 		return nil
 	}
-	return &commitGuard{ceiling: ceiling, pace: math.Inf(1)}
+	return &commitGuard{ceiling: ceiling, pace: startingPace, doubling: true}
 }
 
 // due says whether the next settle should be timed.
@@ -96,17 +102,20 @@ func (g *commitGuard) observe(now time.Time, commit time.Duration) (pace float64
 	if now.Sub(g.cut) < commitGuardHold {
 		return g.pace, false
 	}
-	if commit > g.ceiling {
+	switch {
+	case commit > g.ceiling:
 		// Cut from what the drain really did: a pace it could not reach,
 		// because the broker or a shallow backlog held it back, says
 		// nothing of the WAL it wrote.
 		from := math.Min(g.pace, g.drainRate(now))
 		g.pace = math.Max(minGuardedPace, from/2)
 		g.recovery = math.Max(1, from/32)
+		g.doubling = false
 		g.cut = now
 		return g.pace, true
-	}
-	if !math.IsInf(g.pace, 1) {
+	case g.doubling:
+		g.pace *= 2
+	default:
 		g.pace += g.recovery
 	}
 	return g.pace, false

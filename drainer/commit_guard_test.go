@@ -1,7 +1,6 @@
 package drainer
 
 import (
-	"math"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -27,20 +26,24 @@ var _ = Describe("The commit guard", func() {
 		Expect(g.due(at(commitProbeInterval))).To(BeTrue())
 	})
 
-	It("leaves the drain unpaced while commits are within the ceiling", func() {
+	It("starts at a hundred events a second and doubles the pace at each commit within the ceiling", func() {
 		g := newCommitGuard(5 * time.Millisecond)
-		for i := range 50 {
-			now := at(time.Duration(i) * commitProbeInterval)
-			g.settled(now, 800)
-			pace, cut := g.observe(now, 5*time.Millisecond)
-			Expect(cut).To(BeFalse())
-			Expect(math.IsInf(pace, 1)).To(BeTrue(), "a commit at the ceiling is within it")
+		Expect(g.pace).To(Equal(startingPace))
+		now := start
+		for range 6 {
+			now = now.Add(commitProbeInterval)
+			g.settled(now, 100)
+			_, cut := g.observe(now, 5*time.Millisecond)
+			Expect(cut).To(BeFalse(), "a commit at the ceiling is within it")
 		}
+		Expect(g.pace).To(Equal(6400.0), "past 5,000 events/s in 0.6 s")
 	})
 
 	It("halves what the drain did in the last second at a slow commit, holds, then climbs back in 1.6 s", func() {
 		g := newCommitGuard(5 * time.Millisecond)
 		// 800 rows every 100 ms for a second: 8,000 events/s.
+		g.doubling = false // past its start
+		g.pace = 20000
 		for i := range 11 {
 			g.settled(at(time.Duration(i)*commitProbeInterval), 800)
 		}
@@ -59,20 +62,21 @@ var _ = Describe("The commit guard", func() {
 			pace, _ = g.observe(now, time.Millisecond)
 			now = now.Add(commitProbeInterval)
 		}
-		Expect(pace).To(Equal(8000.0), "16 fast commits, 1.6 s, climb back to where it was cut from")
+		Expect(pace).To(Equal(8000.0), "16 fast commits, 1.6 s, climb back to where it was cut from, no longer doubling")
 	})
 
 	It("cuts from the drain's own rate when the pace was more than it reached, and never below its slowest pace", func() {
 		g := newCommitGuard(5 * time.Millisecond)
-		g.settled(start, 100)
+		g.settled(start, 60)
 		pace, _ := g.observe(start, time.Second)
-		Expect(pace).To(Equal(50.0), "half of 100 rows in the last second")
+		Expect(pace).To(Equal(30.0), "half of 60 rows in the last second, below the starting pace")
 		// Far above what a shallow backlog lets it drain.
 		g.pace = 100000
+		g.settled(at(500*time.Millisecond), 40)
 		now := at(time.Second)
 		g.settled(now, 60)
 		pace, _ = g.observe(now, time.Second)
-		Expect(pace).To(Equal(30.0), "half of 60/s, the 100 rows of a second ago out of it")
+		Expect(pace).To(Equal(50.0), "half of the 100 rows of the last second: the 40 of half a second ago and these 60, the 60 of a second ago out of it")
 		now = now.Add(rateWindow)
 		g.settled(now, 10)
 		pace, _ = g.observe(now, time.Second)
@@ -97,7 +101,9 @@ var _ = Describe("The commit guard", func() {
 		Expect(float64(d.rate.limiter.Limit())).To(Equal(minGuardedPace), "the claims are held to the pace")
 		Eventually(d.logs).Should(gbytes.Say(`Commits take longer than --max-commit-latency even at the slowest pace`))
 
+		// The rows claimed at a faster pace are published first.
 		published := func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }
+		Eventually(published, drainTimeout).Should(BeNumerically(">=", int(testutil.ToFloat64(d.metrics.Claimed))))
 		from, began := published(), time.Now()
 		time.Sleep(3 * time.Second)
 		rate := float64(published()-from) / time.Since(began).Seconds()
@@ -117,8 +123,9 @@ var _ = Describe("The commit guard", func() {
 		cfg.MaxCommitLatency = time.Minute
 		d := startDrainer(ctx, cfg)
 		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
-		Expect(testutil.ToFloat64(d.metrics.CommitPace)).To(BeZero(), "never paced")
-		Expect(d.rate.limiter.Limit()).To(BeNumerically(">", 1e300), "unlimited")
+		Expect(d.guard).NotTo(BeNil())
+		Expect(testutil.ToFloat64(d.metrics.CommitPace)).To(BeNumerically(">=", 64*startingPace), "doubled at every timed commit, never cut")
+		Expect(float64(d.rate.limiter.Limit())).To(Equal(testutil.ToFloat64(d.metrics.CommitPace)), "the claims go at the pace")
 		Expect(histogramCount(d.reg, "spillway_drainer_commit_duration_seconds")).To(BeNumerically(">", 0))
 	})
 })

@@ -121,6 +121,10 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		rate:     newRateCap(cfg.MaxRate, cfg.BatchSize, cfg.MaxCommitLatency > 0),
 		guard:    newCommitGuard(cfg.MaxCommitLatency),
 	}
+	if d.guard != nil {
+		d.rate.setPace(d.guard.pace)
+		d.metrics.CommitPace.Set(d.guard.pace)
+	}
 	d.liveness.beat(0)
 	return d, nil
 }

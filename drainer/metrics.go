@@ -51,7 +51,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "commit_duration_seconds", Help: "With --max-commit-latency: the synchronous commit of one settle every 100ms, which waits for the WAL to be flushed as an application's commit does.",
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
 		CommitPace: prometheus.NewGauge(prometheus.GaugeOpts(opts("commit_pace_events_per_second",
-			"With --max-commit-latency: the events per second this drainer allows itself after its last commit slower than the ceiling (0 before any, or without the flag)."))),
+			"With --max-commit-latency: the events per second this drainer allows itself, halved at each timed commit slower than the ceiling (0 without the flag)."))),
 		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts(opts("pruned_rows_total",
 			"Rows deleted by retention, by kind (published; unpublished: past unpublishedMaxAge, never delivered).")), []string{"kind"}),
 	}

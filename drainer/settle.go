@@ -2,7 +2,6 @@ package drainer
 
 import (
 	"context"
-	"math"
 	"time"
 )
 
@@ -134,9 +133,6 @@ func (d *Drainer) pace(st Settlement, done Settled) {
 	}
 	d.metrics.CommitLatency.Observe(done.Commit.Seconds())
 	pace, cut := d.guard.observe(now, done.Commit)
-	if math.IsInf(pace, 1) {
-		return
-	}
 	d.rate.setPace(pace)
 	d.metrics.CommitPace.Set(pace)
 	if cut && pace == minGuardedPace {
