@@ -8,25 +8,29 @@ import (
 // commitGuard is --max-commit-latency: it paces the drain by how long a
 // commit on the database takes while it runs. An application's commit waits
 // for the WAL to be flushed up to its commit record, the drain's WAL before
-// it included, so that wait grows with the drain's pace: in make bench the
-// application's commit p99 beside an uncapped drain was 3.5–4.1 × its p99
-// alone, and a --max-rate that keeps it within twice depends on the disk.
-// The guard finds that pace as TCP's congestion control finds a link's
-// rate: every commitProbeInterval one settle commits synchronously and is
-// timed. The pace starts low and doubles at each commit within the ceiling
+// it included, so that wait grows with the drain's pace; a --max-rate that
+// keeps it low must be chosen for each disk, and a database under load from
+// elsewhere has less room than the cap assumed. The guard finds the pace
+// as TCP's congestion control finds a link's rate: every
+// commitProbeInterval one settle commits synchronously and is timed. The
+// pace starts low and doubles every two commits under half the ceiling
 // (a backlog is often drained just after a checkpoint, when every page it
-// touches is logged whole, and a drain at full speed from the start took
-// the application's p99 up in its first second); a commit slower than the
-// ceiling halves it, and from then on each faster one raises it a step.
+// touches is logged whole, and a drain at full speed from its first second
+// took the application's commits up with it); a commit slower than the
+// ceiling halves it; from then on, each commit under half the ceiling
+// raises it a step, and one between half and the whole holds it.
 //
-// Used by the settle goroutine only; the pace reaches the claims through
-// the rate cap's limiter.
+// Ten commits a second show how long a commit usually takes, not the
+// application's tail: in make bench, with the ceiling at the application's
+// p99 alone, its p99 beside the guarded drain was 2.5–2.8 × that (see the
+// README). Used by the settle goroutine only; the pace reaches the claims
+// through the rate cap's limiter.
 type commitGuard struct {
 	ceiling time.Duration
 	// pace is the events per second the guard allows. Until the first slow
-	// commit it doubles at each fast one; after, a cut halves it and each
-	// fast commit adds recovery, a thirty-second of where the cut came from,
-	// so it is back there 1.6 s later if commits stay fast.
+	// commit it grows by startGrowth at each fast one; after, a cut halves
+	// it and each fast commit adds recovery, so that recoverySteps of them
+	// take it back to where the cut came from.
 	pace     float64
 	doubling bool
 	recovery float64
@@ -53,9 +57,16 @@ const (
 	// minGuardedPace keeps a claim of a row going every claimPace, and with
 	// it the timed settles that tell when the database has room again.
 	minGuardedPace = 10.0
-	// startingPace is where the doubling starts: past 5,000 events/s in
-	// under a second.
+	// startingPace is where the doubling starts, and startGrowth its step
+	// at each fast commit: it doubles every 200 ms, past 5,000 events/s in
+	// 1.2 s. A commit slower than the ceiling shows a pace 300 ms after the
+	// drain took it up (commitGuardHold), so a faster doubling overshot
+	// further before its first cut.
 	startingPace = 10 * minGuardedPace
+	startGrowth  = math.Sqrt2
+	// recoverySteps is how many fast commits take the pace back up to where
+	// a cut came from: 3.2 s.
+	recoverySteps = 32
 	// rateWindow is the span over which the drain's own pace is read.
 	rateWindow = time.Second
 )
@@ -109,12 +120,14 @@ func (g *commitGuard) observe(now time.Time, commit time.Duration) (pace float64
 		// nothing of the WAL it wrote.
 		from := math.Min(g.pace, g.drainRate(now))
 		g.pace = math.Max(minGuardedPace, from/2)
-		g.recovery = math.Max(1, from/32)
+		g.recovery = math.Max(1, from/2/recoverySteps)
 		g.doubling = false
 		g.cut = now
 		return g.pace, true
+	case 2*commit > g.ceiling:
+		// Within the ceiling but not by much: the pace holds.
 	case g.doubling:
-		g.pace *= 2
+		g.pace *= startGrowth
 	default:
 		g.pace += g.recovery
 	}

@@ -26,20 +26,25 @@ var _ = Describe("The commit guard", func() {
 		Expect(g.due(at(commitProbeInterval))).To(BeTrue())
 	})
 
-	It("starts at a hundred events a second and doubles the pace at each commit within the ceiling", func() {
+	It("starts at a hundred events a second and doubles the pace every two commits under half the ceiling", func() {
 		g := newCommitGuard(5 * time.Millisecond)
 		Expect(g.pace).To(Equal(startingPace))
 		now := start
-		for range 6 {
-			now = now.Add(commitProbeInterval)
-			g.settled(now, 100)
-			_, cut := g.observe(now, 5*time.Millisecond)
-			Expect(cut).To(BeFalse(), "a commit at the ceiling is within it")
+		fast := func(n int, commit time.Duration) {
+			for range n {
+				now = now.Add(commitProbeInterval)
+				g.settled(now, 100)
+				_, cut := g.observe(now, commit)
+				Expect(cut).To(BeFalse(), "within the ceiling")
+			}
 		}
-		Expect(g.pace).To(Equal(6400.0), "past 5,000 events/s in 0.6 s")
+		fast(12, 2500*time.Microsecond)
+		Expect(g.pace).To(BeNumerically("~", 6400, 1e-6), "past 5,000 events/s in 1.2 s")
+		fast(5, 5*time.Millisecond)
+		Expect(g.pace).To(BeNumerically("~", 6400, 1e-6), "a commit over half the ceiling, up to it, holds the pace")
 	})
 
-	It("halves what the drain did in the last second at a slow commit, holds, then climbs back in 1.6 s", func() {
+	It("halves what the drain did in the last second at a slow commit, holds, then climbs back in 3.2 s", func() {
 		g := newCommitGuard(5 * time.Millisecond)
 		// 800 rows every 100 ms for a second: 8,000 events/s.
 		g.doubling = false // past its start
@@ -58,11 +63,11 @@ var _ = Describe("The commit guard", func() {
 		Expect(pace).To(Equal(4000.0), "nor does it climb while it waits")
 
 		now = now.Add(commitGuardHold)
-		for range 16 {
+		for range recoverySteps {
 			pace, _ = g.observe(now, time.Millisecond)
 			now = now.Add(commitProbeInterval)
 		}
-		Expect(pace).To(Equal(8000.0), "16 fast commits, 1.6 s, climb back to where it was cut from, no longer doubling")
+		Expect(pace).To(Equal(8000.0), "32 fast commits, 3.2 s, climb back to where it was cut from, no longer doubling")
 	})
 
 	It("cuts from the drain's own rate when the pace was more than it reached, and never below its slowest pace", func() {
@@ -124,7 +129,7 @@ var _ = Describe("The commit guard", func() {
 		d := startDrainer(ctx, cfg)
 		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
 		Expect(d.guard).NotTo(BeNil())
-		Expect(testutil.ToFloat64(d.metrics.CommitPace)).To(BeNumerically(">=", 64*startingPace), "doubled at every timed commit, never cut")
+		Expect(testutil.ToFloat64(d.metrics.CommitPace)).To(BeNumerically(">=", 64*startingPace), "doubled every two timed commits, never cut")
 		Expect(float64(d.rate.limiter.Limit())).To(Equal(testutil.ToFloat64(d.metrics.CommitPace)), "the claims go at the pace")
 		Expect(histogramCount(d.reg, "spillway_drainer_commit_duration_seconds")).To(BeNumerically(">", 0))
 	})
