@@ -18,7 +18,9 @@ import (
 // touches is logged whole, and a drain at full speed from its first second
 // took the application's commits up with it); a commit slower than the
 // ceiling halves it; from then on, each commit under half the ceiling
-// raises it a step, and one between half and the whole holds it.
+// raises it a step, and one between half and the whole holds it. A pace
+// the drain does not use, eight times what it settled in the last second,
+// is not raised.
 //
 // Ten commits a second show how long a commit usually takes, not the
 // application's tail: in make bench, with the ceiling at the application's
@@ -36,9 +38,10 @@ type commitGuard struct {
 	recovery float64
 	cut      time.Time
 	probed   time.Time
-	// settles are the rows settled within the last rateWindow, for the
-	// drain's own pace when a cut comes.
+	// settles are the rows settled within the last rateWindow, since the
+	// drain began settling, for the drain's own pace.
 	settles []settledRows
+	since   time.Time
 }
 
 type settledRows struct {
@@ -89,21 +92,35 @@ func (g *commitGuard) settled(now time.Time, rows int) {
 	if g == nil || rows == 0 {
 		return
 	}
+	g.forget(now)
+	if len(g.settles) == 0 {
+		g.since = now
+	}
 	g.settles = append(g.settles, settledRows{at: now, rows: rows})
 }
 
-// drainRate is the rows settled per second over the rateWindow up to now.
-func (g *commitGuard) drainRate(now time.Time) float64 {
+// forget drops the settles older than the rateWindow.
+func (g *commitGuard) forget(now time.Time) {
 	old := 0
 	for old < len(g.settles) && now.Sub(g.settles[old].at) >= rateWindow {
 		old++
 	}
 	g.settles = g.settles[old:]
+}
+
+// drainRate is the rows settled per second over the rateWindow up to now,
+// or, when the drain began settling more recently, since a probe interval
+// before its first settle, whose rows were claimed and published then.
+func (g *commitGuard) drainRate(now time.Time) float64 {
+	g.forget(now)
+	if len(g.settles) == 0 {
+		return 0
+	}
 	rows := 0
 	for _, s := range g.settles {
 		rows += s.rows
 	}
-	return float64(rows) / rateWindow.Seconds()
+	return float64(rows) / min(rateWindow, now.Sub(g.since)+commitProbeInterval).Seconds()
 }
 
 // observe takes one timed commit and returns the pace, and whether this
@@ -126,6 +143,9 @@ func (g *commitGuard) observe(now time.Time, commit time.Duration) (pace float64
 		return g.pace, true
 	case 2*commit > g.ceiling:
 		// Within the ceiling but not by much: the pace holds.
+	case g.drainRate(now) < g.pace/8:
+		// The broker or a shallow backlog holds the drain back, not the
+		// pace: raising it would only leave room for a burst.
 	case g.doubling:
 		g.pace *= startGrowth
 	default:

@@ -64,6 +64,7 @@ var _ = Describe("The commit guard", func() {
 
 		now = now.Add(commitGuardHold)
 		for range recoverySteps {
+			g.settled(now, 400)
 			pace, _ = g.observe(now, time.Millisecond)
 			now = now.Add(commitProbeInterval)
 		}
@@ -72,25 +73,48 @@ var _ = Describe("The commit guard", func() {
 
 	It("cuts from the drain's own rate when the pace was more than it reached, and never below its slowest pace", func() {
 		g := newCommitGuard(5 * time.Millisecond)
-		g.settled(start, 60)
-		pace, _ := g.observe(start, time.Second)
-		Expect(pace).To(Equal(30.0), "half of 60 rows in the last second, below the starting pace")
+		g.doubling = false
 		// Far above what a shallow backlog lets it drain.
 		g.pace = 100000
-		g.settled(at(500*time.Millisecond), 40)
+		g.settled(start, 30)
+		g.settled(at(500*time.Millisecond), 30)
 		now := at(time.Second)
-		g.settled(now, 60)
-		pace, _ = g.observe(now, time.Second)
-		Expect(pace).To(Equal(50.0), "half of the 100 rows of the last second: the 40 of half a second ago and these 60, the 60 of a second ago out of it")
-		now = now.Add(rateWindow)
-		g.settled(now, 10)
-		pace, _ = g.observe(now, time.Second)
-		Expect(pace).To(Equal(minGuardedPace), "half of 10 events/s, but never below the slowest pace")
+		g.settled(now, 30)
+		pace, cut := g.observe(now, 6*time.Millisecond)
+		Expect(cut).To(BeTrue())
+		Expect(pace).To(Equal(30.0), "half of the 60 rows of the last second, the 30 of a second ago out of it")
+
 		for range 20 {
 			now = now.Add(commitGuardHold)
+			g.settled(now, 1)
 			pace, _ = g.observe(now, time.Second)
 		}
-		Expect(pace).To(Equal(minGuardedPace), "where a claim of a row and its timed settle still go on")
+		Expect(pace).To(Equal(minGuardedPace), "halved at each slow commit, but never below the slowest pace, where a claim of a row and its timed settle still go on")
+	})
+
+	It("does not raise a pace the drain is not using, so a burst after a quiet spell starts near the drain's own rate", func() {
+		g := newCommitGuard(5 * time.Millisecond)
+		g.doubling = false
+		g.pace, g.recovery = 4000, 125
+		now := start
+		for range 50 {
+			now = now.Add(commitProbeInterval)
+			g.settled(now, 30) // 300 events/s: a shallow backlog
+			g.observe(now, time.Millisecond)
+		}
+		Expect(g.pace).To(Equal(4000.0), "at 300 events/s a pace of 2,400 already leaves room enough")
+		g.pace = 2000
+		for range 10 {
+			now = now.Add(commitProbeInterval)
+			g.settled(now, 30)
+			g.observe(now, time.Millisecond)
+		}
+		Expect(g.pace).To(Equal(2500.0), "raised until past eight times the drain's rate, 2,400, and no further")
+		g.settles = nil
+		now = now.Add(time.Minute)
+		g.settled(now, 500) // the first claim's worth after an idle minute
+		g.observe(now, time.Millisecond)
+		Expect(g.pace).To(Equal(2625.0), "500 rows in their first probe interval: 5,000 events/s, and the pace climbs again")
 	})
 
 	It("slows a drain to its slowest pace while every commit is slower than the ceiling", Label("integration"), func(ctx SpecContext) {
