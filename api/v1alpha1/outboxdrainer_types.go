@@ -384,10 +384,11 @@ type OutboxDrainerSpec struct {
 	// MaxCommitLatency slows each drainer down while a commit on the
 	// database takes longer than this: ten times a second, a drainer commits
 	// one of its settles synchronously and times it, halves its pace when
-	// the commit was slower, and raises it step by step while commits are
-	// faster. An application's commit waits for the same WAL flush, so this
-	// protects its commit latency without a rate to guess. Within maxRate,
-	// when both are set. Unset: off.
+	// the commit was slower (down to 10 events/s), and raises it step by
+	// step while commits take under half of it. An application's commit
+	// waits for the same WAL flush, so the drain yields to a busy database
+	// without a rate chosen for its disk. Within maxRate, when both are
+	// set. Unset: off.
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:MaxLength=32

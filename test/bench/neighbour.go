@@ -35,7 +35,8 @@ func init() {
 	flag.Var(&neighbourGuards, "neighbour-guards", "--max-commit-latency of the guarded good-neighbour runs, as multiples of the round's commit p99 with no drain, comma-separated (empty for none)")
 }
 
-// rates is a flag of rates in events/s, comma-separated.
+// rates is a flag of positive numbers, comma-separated: rates in events/s,
+// or multiples.
 type rates []float64
 
 func (r *rates) String() string {
@@ -54,7 +55,7 @@ func (r *rates) Set(list string) error {
 		}
 		c, err := strconv.ParseFloat(field, 64)
 		if err != nil || c <= 0 {
-			return fmt.Errorf("%q is not a positive rate in events/s", field)
+			return fmt.Errorf("%q is not a positive number", field)
 		}
 		*r = append(*r, c)
 	}
@@ -144,13 +145,11 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 	}
 	// The guarded runs come after the run with no drain in each round, and
 	// their ceilings are multiples of that run's p99.
-	var guarded []*neighbours
 	for _, m := range neighbourGuards {
-		guarded = append(guarded, &neighbours{what: fmt.Sprintf("spillway, maxCommitLatency %.3g × p99 alone", m), start: spillway(func(c *drainer.Config) {
+		all = append(all, &neighbours{what: fmt.Sprintf("spillway, maxCommitLatency %.3g × p99 alone", m), start: spillway(func(c *drainer.Config) {
 			c.MaxCommitLatency = time.Duration(m * float64(quantile(none.runs[len(none.runs)-1].commits, 0.99)))
 		})})
 	}
-	all = append(all, guarded...)
 	var beside []string
 	for _, n := range all {
 		beside = append(beside, n.what)
