@@ -1,6 +1,7 @@
 package drainer
 
 import (
+	"context"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -117,14 +118,20 @@ var _ = Describe("The commit guard", func() {
 		Expect(g.pace).To(Equal(2625.0), "500 rows in their first probe interval: 5,000 events/s, and the pace climbs again")
 	})
 
-	It("slows a drain to its slowest pace while every commit is slower than the ceiling", Label("integration"), func(ctx SpecContext) {
+	// guarded starts a drainer with ceiling as --max-commit-latency on a
+	// backlog of 20,000 rows.
+	guarded := func(ctx context.Context, ceiling time.Duration) (*running, TableSpec) {
 		spec := canonicalOutbox(ctx)
 		topo := topology("#", nil)
 		seed(ctx, spec.Name, 20000)
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		cfg.MaxCommitLatency = ceiling
+		return startDrainer(ctx, cfg), spec
+	}
+
+	It("slows a drain to its slowest pace while every commit is slower than the ceiling", Label("integration"), func(ctx SpecContext) {
 		// No commit, synchronous or not, returns within a nanosecond.
-		cfg.MaxCommitLatency = time.Nanosecond
-		d := startDrainer(ctx, cfg)
+		d, spec := guarded(ctx, time.Nanosecond)
 		pace := func() float64 { return testutil.ToFloat64(d.metrics.CommitPace) }
 		Eventually(pace, drainTimeout, 20*time.Millisecond).Should(Equal(minGuardedPace))
 		Expect(float64(d.rate.limiter.Limit())).To(Equal(minGuardedPace), "the claims are held to the pace")
@@ -145,12 +152,7 @@ var _ = Describe("The commit guard", func() {
 	})
 
 	It("drains at full speed while commits stay within the ceiling, timing them all along", Label("integration"), func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
-		topo := topology("#", nil)
-		seed(ctx, spec.Name, 20000)
-		cfg := testConfig("drainer-a", spec, topo.Exchange)
-		cfg.MaxCommitLatency = time.Minute
-		d := startDrainer(ctx, cfg)
+		d, spec := guarded(ctx, time.Minute)
 		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
 		Expect(d.guard).NotTo(BeNil())
 		Expect(testutil.ToFloat64(d.metrics.CommitPace)).To(BeNumerically(">=", 64*startingPace), "doubled every two timed commits, never cut")
