@@ -363,7 +363,7 @@ func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, f F
 		return Settled{}, fmt.Errorf("settle: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	stmts, counts = append([]Statement{synchronousCommit}, stmts...), append([]*int64{nil}, counts...)
+	stmts, counts = append([]Statement{commitSynchronously}, stmts...), append([]*int64{nil}, counts...)
 	if err := sendSettle(ctx, tx, stmts, counts); err != nil {
 		return Settled{}, err
 	}
@@ -375,9 +375,9 @@ func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, f F
 	return done, nil
 }
 
-// synchronousCommit makes the rest of its transaction commit synchronously,
+// commitSynchronously makes the rest of its transaction commit synchronously,
 // whatever the session's setting.
-var synchronousCommit = Statement{SQL: "SELECT set_config('synchronous_commit', 'on', true)"}
+var commitSynchronously = Statement{SQL: "SELECT set_config('synchronous_commit', 'on', true)"}
 
 // sendSettle runs stmts in one round trip and stores each one's row count
 // where counts points, unless that is nil.
