@@ -31,11 +31,10 @@ import (
 type commitGuard struct {
 	ceiling time.Duration
 	// pace is the events per second the guard allows. Until the first slow
-	// commit it grows by startGrowth at each fast one; after, a cut halves
-	// it and each fast commit adds recovery, so that recoverySteps of them
-	// take it back to where the cut came from.
+	// commit (cut is zero) it grows by startGrowth at each fast one; after,
+	// a cut halves it and each fast commit adds recovery, so that
+	// recoverySteps of them take it back to where the cut came from.
 	pace     float64
-	doubling bool
 	recovery float64
 	cut      time.Time
 	probed   time.Time
@@ -80,7 +79,15 @@ func newCommitGuard(ceiling time.Duration) *commitGuard {
 	if ceiling <= 0 {
 		return nil
 	}
-	return &commitGuard{ceiling: ceiling, pace: startingPace, doubling: true}
+	return &commitGuard{ceiling: ceiling, pace: startingPace}
+}
+
+// allowed is the pace, +Inf without a guard.
+func (g *commitGuard) allowed() float64 {
+	if g == nil {
+		return math.Inf(1)
+	}
+	return g.pace
 }
 
 // due says whether the next settle should be timed.
@@ -139,7 +146,6 @@ func (g *commitGuard) observe(now time.Time, commit time.Duration) (pace float64
 		from := math.Min(g.pace, g.drainRate(now))
 		g.pace = math.Max(minGuardedPace, from/2)
 		g.recovery = math.Max(1, from/2/recoverySteps)
-		g.doubling = false
 		g.cut = now
 		return g.pace, true
 	case 2*commit > g.ceiling:
@@ -147,7 +153,7 @@ func (g *commitGuard) observe(now time.Time, commit time.Duration) (pace float64
 	case g.drainRate(now) < g.pace/8:
 		// The broker or a shallow backlog holds the drain back, not the
 		// pace: raising it would only leave room for a burst.
-	case g.doubling:
+	case g.cut.IsZero():
 		g.pace *= startGrowth
 	default:
 		g.pace += g.recovery

@@ -118,11 +118,10 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		hush:     store.NotifyHush(cfg.Table),
 		roster:   store.Roster(cfg.Table),
 		held:     heldClaims{tokens: map[int64]int{}},
-		rate:     newRateCap(cfg.MaxRate, cfg.BatchSize, cfg.MaxCommitLatency > 0),
 		guard:    newCommitGuard(cfg.MaxCommitLatency),
 	}
+	d.rate = newRateCap(cfg.MaxRate, cfg.BatchSize, d.guard.allowed())
 	if d.guard != nil {
-		d.rate.setPace(d.guard.pace)
 		d.metrics.CommitPace.Set(d.guard.pace)
 	}
 	d.liveness.beat(0)

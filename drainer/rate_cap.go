@@ -41,21 +41,22 @@ type rateCap struct {
 // shareInterval is how often a drainer counts the others.
 const shareInterval = time.Second
 
-// newRateCap returns the cap, or nil for none (no --max-rate and no commit
-// guard); batch is the largest claim. The bucket starts empty and holds a
-// second of the share: a drainer that starts, or comes back from an idle
-// spell, publishes at the cap's pace and never a batch ahead of it. With a
-// full bucket of a batch, an 8 s run capped at 187 events/s published 233 a
-// second.
-func newRateCap(total float64, batch int, guarded bool) *rateCap {
-	if total <= 0 && !guarded {
+// newRateCap returns the cap, or nil for none (no --max-rate, and pace
+// +Inf: no commit guard); batch is the largest claim, pace the guard's
+// starting pace. The bucket starts empty and holds a second of the share: a
+// drainer that starts, or comes back from an idle spell, publishes at the
+// cap's pace and never a batch ahead of it. With a full bucket of a batch,
+// an 8 s run capped at 187 events/s published 233 a second.
+func newRateCap(total float64, batch int, pace float64) *rateCap {
+	if total <= 0 && math.IsInf(pace, 1) {
 		return nil
 	}
-	r := &rateCap{total: math.Inf(1), batch: batch, share: math.Inf(1), pace: math.Inf(1)}
+	r := &rateCap{total: math.Inf(1), batch: batch, share: math.Inf(1), pace: pace}
 	if total > 0 {
 		r.total, r.share = total, total
 	}
-	r.limiter = rate.NewLimiter(limitOf(r.share), r.burst(r.share))
+	perSecond := math.Min(r.share, r.pace)
+	r.limiter = rate.NewLimiter(limitOf(perSecond), r.burst(perSecond))
 	r.limiter.ReserveN(time.Now(), r.limiter.Burst())
 	return r
 }

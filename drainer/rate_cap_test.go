@@ -3,6 +3,7 @@ package drainer
 import (
 	"context"
 	"errors"
+	"math"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -18,7 +19,7 @@ var _ = Describe("The rate cap", func() {
 		var none *rateCap
 		Expect(none.claimSize(500)).To(Equal(500), "no cap: the batch")
 		Expect(none.take(500)).To(BeZero())
-		r := newRateCap(16000, 500, false)
+		r := newRateCap(16000, 500, math.Inf(1))
 		Expect(r.claimSize(500)).To(Equal(500), "the batch at most")
 		r.limiter.SetLimit(rate.Limit(400))
 		Expect(r.claimSize(500)).To(Equal(40), "a tenth of a second's worth, not a second's burst")
@@ -28,7 +29,7 @@ var _ = Describe("The rate cap", func() {
 	})
 
 	It("makes every claim, a new drainer's first too, wait for its rows' share of the cap", func() {
-		r := newRateCap(100, 500, false)
+		r := newRateCap(100, 500, math.Inf(1))
 		// Each wait is its rows' share less the time since the cap was
 		// made: exact from above, and a busy machine only shortens it.
 		Expect(r.take(50)).To(And(BeNumerically("<=", 500*time.Millisecond), BeNumerically(">", 400*time.Millisecond)), "no burst to start with")
@@ -36,7 +37,7 @@ var _ = Describe("The rate cap", func() {
 	})
 
 	It("lets an idle drainer publish at most a second of its share ahead of pace", func() {
-		r := newRateCap(100, 500, false)
+		r := newRateCap(100, 500, math.Inf(1))
 		Expect(r.limiter.Burst()).To(Equal(100), "a second of the cap, not a batch")
 		r.setShare(10)
 		Expect(r.limiter.Burst()).To(Equal(10), "a second of the share")
@@ -45,7 +46,7 @@ var _ = Describe("The rate cap", func() {
 	})
 
 	It("shares the cap among the drainers running, counted once a second", func(ctx SpecContext) {
-		r := newRateCap(900, 100, false)
+		r := newRateCap(900, 100, math.Inf(1))
 		counted := 0
 		start := time.Now()
 		count := func(after time.Duration, others int, err error) error {

@@ -132,10 +132,13 @@ func (d *Drainer) pace(st Settlement, done Settled) {
 		return
 	}
 	d.metrics.CommitLatency.Observe(done.Commit.Seconds())
+	before := d.guard.pace
 	pace, cut := d.guard.observe(now, done.Commit)
 	d.rate.setPace(pace)
 	d.metrics.CommitPace.Set(pace)
-	if cut && pace == minGuardedPace {
+	if cut && pace == minGuardedPace && before > minGuardedPace {
+		// Once on reaching it: at the slowest pace, every slow commit cuts
+		// again, three times a second.
 		d.log.Warn("Commits take longer than --max-commit-latency even at the slowest pace; draining at it until they are faster",
 			"commit", done.Commit, "maxCommitLatency", d.cfg.MaxCommitLatency, "perSecond", pace)
 	}
