@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -201,5 +202,51 @@ func countNotifications(ctx context.Context, spec drainer.TableSpec, n *atomic.I
 		cancel()
 		<-done
 		_ = conn.Close(context.WithoutCancel(ctx))
+	}
+}
+
+// latencyRuns are one scenario's runs, a round each.
+type latencyRuns []latencyRun
+
+// p50 and p99 are the medians of the rounds' p50 and p99.
+func (rs latencyRuns) p50() time.Duration {
+	return rs.medianOf(func(r latencyRun) time.Duration { return r.p50 })
+}
+
+func (rs latencyRuns) p99() time.Duration {
+	return rs.medianOf(func(r latencyRun) time.Duration { return r.p99 })
+}
+
+func (rs latencyRuns) medianOf(f func(latencyRun) time.Duration) time.Duration {
+	xs := make([]float64, len(rs))
+	for i, r := range rs {
+		xs[i] = float64(f(r))
+	}
+	return time.Duration(median(xs))
+}
+
+// databaseCPU is the CPU seconds Postgres spent over every round.
+func (rs latencyRuns) databaseCPU() float64 {
+	var s float64
+	for _, r := range rs {
+		s += r.cpu.seconds[groupDatabase]
+	}
+	return s
+}
+
+// against is each round's Postgres CPU as a ratio to that of base's round.
+func (rs latencyRuns) against(base latencyRuns) string {
+	each := make([]string, len(rs))
+	for i := range rs {
+		each[i] = fmt.Sprintf("%.2f", rs[i].cpu.seconds[groupDatabase]/base[i].cpu.seconds[groupDatabase])
+	}
+	return strings.Join(each, ", ")
+}
+
+// report prints the medians of the rounds' p50 and p99, then every round.
+func (rs latencyRuns) report(what string) {
+	fmt.Printf("%-70s p50 %7.2f ms  p99 %7.2f ms  (medians of %d rounds)\n", what, ms(rs.p50()), ms(rs.p99()), len(rs))
+	for i, r := range rs {
+		fmt.Printf("%70s %s\n", fmt.Sprintf("round %d:", i+1), r)
 	}
 }
