@@ -265,20 +265,20 @@ var _ = Describe("Database URL from a file", Label("integration"), func() {
 })
 
 var _ = Describe("The drainer's database sessions", Label("integration"), func() {
-	It("name the drainer, pin generic plans, never JIT-compile, and commit asynchronously unless asked", func(ctx SpecContext) {
+	It("name the drainer, pin generic plans, scan no table whole, never JIT-compile, and commit asynchronously unless asked", func(ctx SpecContext) {
 		settings := func(synchronousCommit bool) []string {
 			id := testenv.UniqueName("drainer")
 			p, err := ConnectPool(ctx, URLSource{URL: testenv.DatabaseURL()}, id, synchronousCommit)
 			Expect(err).NotTo(HaveOccurred())
 			defer p.Close()
-			var name, plans, jit, commit string
-			Expect(p.QueryRow(ctx, "SELECT current_setting('application_name'), current_setting('plan_cache_mode'), current_setting('jit'), current_setting('synchronous_commit')").
-				Scan(&name, &plans, &jit, &commit)).To(Succeed())
+			var name, plans, seqscan, jit, commit string
+			Expect(p.QueryRow(ctx, "SELECT current_setting('application_name'), current_setting('plan_cache_mode'), current_setting('enable_seqscan'), current_setting('jit'), current_setting('synchronous_commit')").
+				Scan(&name, &plans, &seqscan, &jit, &commit)).To(Succeed())
 			Expect(name).To(Equal("spillway-drainer/" + id))
-			return []string{plans, jit, commit}
+			return []string{plans, seqscan, jit, commit}
 		}
-		Expect(settings(false)).To(Equal([]string{"force_generic_plan", "off", "off"}))
-		Expect(settings(true)).To(Equal([]string{"force_generic_plan", "off", "on"}))
+		Expect(settings(false)).To(Equal([]string{"force_generic_plan", "off", "off", "off"}))
+		Expect(settings(true)).To(Equal([]string{"force_generic_plan", "off", "off", "on"}))
 	})
 })
 
