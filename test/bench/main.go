@@ -279,9 +279,11 @@ func (b *bench) claims(ctx context.Context) []string {
 
 // latency measures commit to publish at a steady application rate, with
 // notifications (coalesced, as by default, and not) and with polling only,
-// in interleaved rounds: one 10 s run of each is at the mercy of a vacuum or
-// a checkpoint falling in it, and single runs put Postgres's CPU with
-// notifications at 0.72–1.91 × polling's from one full run to the next.
+// in interleaved rounds: one 10 s run of each is at the mercy of what falls
+// in it, and single runs put Postgres's CPU with notifications at 0.72–1.91 ×
+// polling's from one full run to the next. (Much of that spread was the
+// claim's plan, made on the run's new, empty table: it read the table whole
+// until an autovacuum happened to replan it; see ConnectPool.)
 func (b *bench) latency(ctx context.Context) []string {
 	coalesce := *wakeCoalesce
 	var notified, eager, polled latencyRuns
