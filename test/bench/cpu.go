@@ -37,7 +37,10 @@ type processCPU struct {
 	seconds float64
 }
 
-// readCPU reads the CPU seconds of every process of a group, by pid.
+// readCPU reads the CPU seconds of every process of a group, by pid: its
+// own and those of its children that exited and were reaped. A backend or an
+// autovacuum worker that exits takes its time out of /proc, and that time
+// moves into the postmaster's children's.
 func readCPU() map[string]processCPU {
 	const clockTicks = 100 // USER_HZ on Linux
 	out := map[string]processCPU{}
@@ -48,32 +51,40 @@ func readCPU() map[string]processCPU {
 		if err != nil {
 			continue
 		}
-		// pid (comm) state ... utime stime are fields 14 and 15.
+		// pid (comm) state ... utime, stime, cutime and cstime are fields 14 to 17.
 		open, close := strings.IndexByte(string(raw), '('), strings.LastIndexByte(string(raw), ')')
 		if open < 0 || close < open {
 			continue
 		}
 		comm, rest := string(raw[open+1:close]), strings.Fields(string(raw[close+1:]))
-		if len(rest) < 13 {
+		if len(rest) < 15 {
 			continue
 		}
-		utime, _ := strconv.ParseFloat(rest[11], 64)
-		stime, _ := strconv.ParseFloat(rest[12], 64)
+		var ticks float64
+		for _, f := range rest[11:15] { // utime, stime, cutime, cstime
+			t, _ := strconv.ParseFloat(f, 64)
+			ticks += t
+		}
 		pid := filepath.Base(filepath.Dir(path))
 		for i, g := range cpuGroups {
 			if (g.comm == "" && pid == self) || (g.comm != "" && comm == g.comm) {
-				out[pid] = processCPU{group: i, seconds: (utime + stime) / clockTicks}
+				out[pid] = processCPU{group: i, seconds: ticks / clockTicks}
 			}
 		}
 	}
 	return out
 }
 
-// cpuSince is the CPU seconds each group spent since before was read.
+// cpuSince is the CPU seconds each group spent since before was read. A
+// process that exited since is taken out at what it had then, its whole time
+// being in its parent's count now; a new one started from 0.
 func cpuSince(before map[string]processCPU) cpuTimes {
 	spent := make(cpuTimes, len(cpuGroups))
-	for pid, p := range readCPU() {
-		spent[p.group] += p.seconds - before[pid].seconds // a new process started from 0
+	for _, p := range readCPU() {
+		spent[p.group] += p.seconds
+	}
+	for _, p := range before {
+		spent[p.group] -= p.seconds
 	}
 	return spent
 }
@@ -131,9 +142,8 @@ func startWatch(db *pgxpool.Pool) stopwatch {
 	return stopwatch{cpu: readCPU(), start: time.Now(), db: db, wal: readWAL(db)}
 }
 
-// stop reads the watch's CPU and wall time while every process it measures
-// is still alive: a backend that exits takes its CPU time out of /proc with
-// it. events is how many the stretch moved. The WAL is read by walSince,
+// stop reads the watch's CPU and wall time. events is how many the stretch
+// moved. The WAL is read by walSince,
 // once the stretch's sessions have closed.
 func (w stopwatch) stop(events int) run {
 	use := cpuUse{seconds: cpuSince(w.cpu), wall: time.Since(w.start)}
