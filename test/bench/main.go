@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -374,6 +375,17 @@ func (b *bench) ceiling(ctx context.Context, properties bool) run {
 	quiesce("ceiling")
 	log.Printf("publishing the ceiling (drainer's properties: %t)", properties)
 	defer log.Printf("published")
+	watch := startWatch(b.pool)
+	b.publishRaw(ctx, properties, *events, nil, new(atomic.Int64))
+	r := watch.stop(*events)
+	r.wal = watch.walSince()
+	b.purge()
+	return r
+}
+
+// publishRaw publishes n messages as the ceiling does, or fewer if stop
+// closes first, and counts those the broker confirmed.
+func (b *bench) publishRaw(ctx context.Context, properties bool, n int, stop <-chan struct{}, confirmed *atomic.Int64) {
 	ch, err := b.conn.Channel()
 	if err != nil {
 		log.Fatal(err)
@@ -385,12 +397,21 @@ func (b *bench) ceiling(ctx context.Context, properties bool) run {
 	body := b.payload()
 	enqueued := time.Now()
 	window := make([]*amqp.DeferredConfirmation, 0, *ceilingWindow)
-	watch := startWatch(b.pool)
-	for i := range *events {
+	confirm := func(dc *amqp.DeferredConfirmation) {
+		if !dc.Wait() {
+			log.Fatal("raw publisher: broker nacked")
+		}
+		confirmed.Add(1)
+	}
+publishing:
+	for i := range n {
+		select {
+		case <-stop:
+			break publishing
+		default:
+		}
 		if len(window) == *ceilingWindow {
-			if !window[0].Wait() {
-				log.Fatal("ceiling: broker nacked")
-			}
+			confirm(window[0])
 			window = window[1:]
 		}
 		msg := amqp.Publishing{DeliveryMode: amqp.Persistent, MessageId: fmt.Sprint(i), ContentType: "application/json", Timestamp: time.Now(), Body: body}
@@ -405,12 +426,8 @@ func (b *bench) ceiling(ctx context.Context, properties bool) run {
 		window = append(window, dc)
 	}
 	for _, dc := range window {
-		dc.Wait()
+		confirm(dc)
 	}
-	r := watch.stop(*events)
-	r.wal = watch.walSince()
-	b.purge()
-	return r
 }
 
 // storeWithoutBroker opens the drainer's store with the drainer's own

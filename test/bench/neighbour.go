@@ -5,10 +5,12 @@ import (
 	"flag"
 	"fmt"
 	"log"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -103,7 +105,8 @@ func (n *neighbours) rate() float64 {
 // a fixed rate over several connections while a backlog is drained beside
 // it: by nothing, by the naive drainer, and by Spillway uncapped, capped at
 // the naive drainer's rate and at each -neighbour-caps, paced by its commit
-// guard, deleting published rows, and with synchronous_commit on.
+// guard, deleting published rows, and with synchronous_commit on; and by the
+// raw publisher alone, which is the broker's part.
 func (b *bench) goodNeighbour(ctx context.Context) []string {
 	spec := b.outbox(ctx)
 	defer b.exec(ctx, "DROP TABLE "+spec.Name)
@@ -136,9 +139,21 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 	capped := &neighbours{what: "spillway, capped at the naive drainer's rate", start: spillway(func(c *drainer.Config) {
 		c.MaxRate = naive.runs[len(naive.runs)-1].drainRate()
 	})}
+	// The broker's share of the harm on a machine where it shares the
+	// database's disk and cores: the raw publisher, flat out, beside the
+	// application, with no database work of its own.
+	broker := &neighbours{what: "raw publisher alone (no database work)", start: func() drain {
+		var confirmed atomic.Int64
+		stop, done := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(done)
+			b.publishRaw(ctx, true, math.MaxInt, stop, &confirmed)
+		}()
+		return drain{published: func() int { return int(confirmed.Load()) }, stop: func() { close(stop); <-done }}
+	}}
 	deleting := &neighbours{what: "spillway, published rows deleted (uncapped)", start: spillway(deletePublished)}
 	synchronous := &neighbours{what: "spillway, synchronous_commit on", start: spillway(func(c *drainer.Config) { c.SynchronousCommit = true })}
-	all := []*neighbours{none, naive, spill, capped, deleting, synchronous}
+	all := []*neighbours{none, naive, spill, capped, broker, deleting, synchronous}
 	for _, rate := range neighbourCaps {
 		all = append(all, &neighbours{what: fmt.Sprintf("spillway, capped at %.0f events/s", rate),
 			start: spillway(func(c *drainer.Config) { c.MaxRate = rate })})
