@@ -55,6 +55,9 @@ type bench struct {
 	conn *amqp.Connection
 	ch   *amqp.Channel
 	topo testenv.Topology
+	// memory is a topology the broker keeps off its disk, for telling the
+	// broker's part of a figure from the database's.
+	memory testenv.Topology
 }
 
 func main() {
@@ -82,6 +85,10 @@ func main() {
 		log.Fatal(err)
 	}
 	defer b.topo.Delete(b.ch)
+	if b.memory, err = testenv.DeclareMemoryTopology(b.ch); err != nil {
+		log.Fatal(err)
+	}
+	defer b.memory.Delete(b.ch)
 	// One run at a time: another's tables are not leftovers, and its load
 	// would be in this run's figures.
 	lock, err := b.pool.Acquire(ctx)
@@ -464,8 +471,10 @@ func claimAndMark(ctx context.Context, store *drainer.Store, params drainer.Clai
 }
 
 func (b *bench) purge() {
-	if _, err := b.ch.QueuePurge(b.topo.Queue, false); err != nil {
-		log.Fatal(err)
+	for _, queue := range []string{b.topo.Queue, b.memory.Queue} {
+		if _, err := b.ch.QueuePurge(queue, false); err != nil {
+			log.Fatal(err)
+		}
 	}
 }
 

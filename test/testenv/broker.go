@@ -17,11 +17,23 @@ type Topology struct {
 // DeclareTopology declares a fresh exchange and queue, the queue bound with
 // bindingKey ("#" for everything). queueArgs may be nil.
 func DeclareTopology(ch *amqp.Channel, bindingKey string, queueArgs amqp.Table) (Topology, error) {
+	return declareTopology(ch, bindingKey, queueArgs, true)
+}
+
+// DeclareMemoryTopology declares a fresh exchange and a queue bound to it
+// with "#" that the broker keeps in memory only: the queue is transient and
+// exclusive to ch's connection, so a message is confirmed once routed,
+// persistent or not, and the broker writes nothing to disk.
+func DeclareMemoryTopology(ch *amqp.Channel) (Topology, error) {
+	return declareTopology(ch, "#", nil, false)
+}
+
+func declareTopology(ch *amqp.Channel, bindingKey string, queueArgs amqp.Table, durable bool) (Topology, error) {
 	t := Topology{Exchange: UniqueName("spillway_x"), Queue: UniqueName("spillway_q")}
-	if err := ch.ExchangeDeclare(t.Exchange, "topic", true, false, false, false, nil); err != nil {
+	if err := ch.ExchangeDeclare(t.Exchange, "topic", durable, false, false, false, nil); err != nil {
 		return t, fmt.Errorf("declare exchange: %w", err)
 	}
-	if _, err := ch.QueueDeclare(t.Queue, true, false, false, false, queueArgs); err != nil {
+	if _, err := ch.QueueDeclare(t.Queue, durable, false, !durable, false, queueArgs); err != nil {
 		return t, fmt.Errorf("declare queue: %w", err)
 	}
 	if err := ch.QueueBind(t.Queue, bindingKey, t.Exchange, false, nil); err != nil {
