@@ -143,8 +143,8 @@ func startWatch(db *pgxpool.Pool) stopwatch {
 }
 
 // stop reads the watch's CPU and wall time. events is how many the stretch
-// moved. The WAL is read by walSince,
-// once the stretch's sessions have closed.
+// moved. The WAL is read by walSince, once the stretch's sessions have
+// closed.
 func (w stopwatch) stop(events int) run {
 	use := cpuUse{seconds: cpuSince(w.cpu), wall: time.Since(w.start)}
 	return run{rate: float64(events) / use.wall.Seconds(), cpu: use, events: events}
