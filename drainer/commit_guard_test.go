@@ -150,6 +150,9 @@ var _ = Describe("The commit guard", func() {
 		Expect(rate).To(BeNumerically(">", 0), "it still drains, and times its settles")
 		Expect(histogramCount(d.reg, "spillway_drainer_commit_duration_seconds")).To(BeNumerically(">", 10))
 		Expect(count(ctx, spec.Name, "published_at IS NULL")).To(BeNumerically(">", 10000), "the backlog waits")
+		// At least one halving to reach the slowest pace, then a hold there
+		// every 300 ms through the 3 s above.
+		Expect(testutil.ToFloat64(d.metrics.CommitPaceCuts)).To(BeNumerically(">=", 1+5), "each cut is counted")
 		Expect(strings.Count(string(d.logs.Contents()), "even at the slowest pace")).To(Equal(1),
 			"logged on reaching it, not at each of the cuts that keep it there")
 	})
@@ -165,5 +168,6 @@ var _ = Describe("The commit guard", func() {
 			g.Expect(float64(d.rate.limiter.Limit())).To(Equal(pace), "the claims go at the pace")
 		}, 5*time.Second, 20*time.Millisecond).Should(Succeed())
 		Expect(histogramCount(d.reg, "spillway_drainer_commit_duration_seconds")).To(BeNumerically(">", 0))
+		Expect(testutil.ToFloat64(d.metrics.CommitPaceCuts)).To(BeZero(), "no commit took a minute")
 	})
 })

@@ -18,6 +18,7 @@ type Metrics struct {
 	RateShare      prometheus.Gauge
 	CommitLatency  prometheus.Histogram
 	CommitPace     prometheus.Gauge
+	CommitPaceCuts prometheus.Counter
 	Pruned         *prometheus.CounterVec
 }
 
@@ -52,11 +53,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 16)}),
 		CommitPace: prometheus.NewGauge(prometheus.GaugeOpts(opts("commit_pace_events_per_second",
 			"With --max-commit-latency: the events per second this drainer allows itself, halved at each timed commit slower than the ceiling (0 without the flag)."))),
+		CommitPaceCuts: prometheus.NewCounter(prometheus.CounterOpts(opts("commit_pace_cuts_total",
+			"With --max-commit-latency: timed commits slower than the ceiling that cut this drainer's pace, a halving each, or a hold at the slowest pace."))),
 		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts(opts("pruned_rows_total",
 			"Rows deleted by retention, by kind (published; unpublished: past unpublishedMaxAge, never delivered).")), []string{"kind"}),
 	}
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
 		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.RateShare,
-		m.CommitLatency, m.CommitPace, m.Pruned)
+		m.CommitLatency, m.CommitPace, m.CommitPaceCuts, m.Pruned)
 	return m
 }

@@ -136,6 +136,9 @@ func (d *Drainer) pace(st Settlement, done Settled) {
 	pace, cut := d.guard.observe(now, done.Commit)
 	d.rate.setPace(pace)
 	d.metrics.CommitPace.Set(pace)
+	if cut {
+		d.metrics.CommitPaceCuts.Inc()
+	}
 	if cut && pace == minGuardedPace && before > minGuardedPace {
 		// Once on reaching it: at the slowest pace, every slow commit cuts
 		// again, three times a second.

@@ -127,13 +127,13 @@ func (b *bench) goodNeighbour(ctx context.Context) []string {
 	spillway := func(tweak func(*drainer.Config)) func() drain {
 		return func() drain {
 			f := b.newFleet(ctx, spec, 1, tweak)
-			return drain{published: func() int { return int(f.published()) }, stop: f.run(ctx)}
+			return drain{published: func() int { return int(f.published()) }, stop: f.run(ctx), fromBacklog: true}
 		}
 	}
 	none := &neighbours{what: "no drainer"}
 	naive := &neighbours{what: "naive drainer", start: func() drain {
 		n := b.startNaive(ctx, spec)
-		return drain{published: func() int { return int(n.published.Load()) }, stop: n.stop}
+		return drain{published: func() int { return int(n.published.Load()) }, stop: n.stop, fromBacklog: true}
 	}}
 	spill := &neighbours{what: "spillway, 1 drainer, defaults (uncapped)", start: spillway(nil)}
 	// The capped run comes after the naive drainer's in each round, and is
@@ -236,6 +236,9 @@ func (n *neighbours) report(none *neighbours) {
 type drain struct {
 	published func() int
 	stop      func()
+	// fromBacklog is whether what it publishes comes from the seeded
+	// backlog, which it can then run out of; the raw publisher's does not.
+	fromBacklog bool
 }
 
 // neighbourRun seeds the backlog, starts the drain (nil: none), runs the
@@ -271,7 +274,7 @@ func (b *bench) neighbourRun(ctx context.Context, app *pgxpool.Pool, spec draine
 	wal := watch.walSince()
 	b.purge()
 	run := neighbourRun{commits: slices.Concat(latencies...), drained: drained, wall: r.cpu.wall, wal: wal,
-		ranEmpty: start != nil && drained >= *neighbourBacklog}
+		ranEmpty: d.fromBacklog && drained >= *neighbourBacklog}
 	slices.Sort(run.commits)
 	return run
 }
