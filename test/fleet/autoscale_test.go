@@ -114,6 +114,9 @@ func describeAutoscaling() {
 			AddReportEntry("autoscaling", report)
 			fmt.Fprint(GinkgoWriter, report)
 			Expect(lost).To(BeEmpty())
+			// The read that first found the backlog sized the fleet in the
+			// same status write, with no interval lost in between.
+			Expect(watch.desiredAtFirstBacklog()).To(BeEquivalentTo(autoscaleMax), report)
 			// A read that finds the backlog, its reconcile, and the status
 			// write: within one status interval of the commit, give or take
 			// the read's own duration on a busy machine.
@@ -142,12 +145,15 @@ type scalingWatch struct {
 	// lastBacklog is the status's lastProbeTime of the last read seen with
 	// a backlog, at the status's second precision.
 	lastBacklog time.Time
+	// firstBacklogDesired is the desired replicas of the first status seen
+	// with a backlog, -1 before it.
+	firstBacklogDesired int32
 }
 
 // watchScaling reads the fleet's status every 100 ms, more often than the
 // status interval, so no read's backlog is missed, until stop is called.
 func watchScaling(ctx context.Context, timeline *testenv.Timeline, key client.ObjectKey) *scalingWatch {
-	w := &scalingWatch{}
+	w := &scalingWatch{firstBacklogDesired: -1}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -174,6 +180,9 @@ func watchScaling(ctx context.Context, timeline *testenv.Timeline, key client.Ob
 				if *b > 0 && od.Status.LastProbeTime != nil {
 					w.mu.Lock()
 					w.lastBacklog = od.Status.LastProbeTime.Time
+					if w.firstBacklogDesired < 0 && od.Status.Autoscaling != nil {
+						w.firstBacklogDesired = od.Status.Autoscaling.DesiredReplicas
+					}
 					w.mu.Unlock()
 				}
 			}
@@ -192,4 +201,12 @@ func (w *scalingWatch) lastBacklogRead() time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.lastBacklog
+}
+
+// desiredAtFirstBacklog is the desired replicas of the first status seen
+// with a backlog, -1 if none was seen.
+func (w *scalingWatch) desiredAtFirstBacklog() int32 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.firstBacklogDesired
 }
