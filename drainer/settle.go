@@ -134,11 +134,12 @@ func (d *Drainer) pace(st Settlement, done Settled) {
 	d.metrics.CommitLatency.Observe(done.Commit.Seconds())
 	before := d.guard.pace
 	pace, cut := d.guard.observe(now, done.Commit)
-	d.rate.setPace(pace)
-	d.metrics.CommitPace.Set(pace)
 	if cut {
+		// Counted before the gauge shows the pace it led to.
 		d.metrics.CommitPaceCuts.Inc()
 	}
+	d.rate.setPace(pace)
+	d.metrics.CommitPace.Set(pace)
 	if cut && pace == minGuardedPace && before > minGuardedPace {
 		// Once on reaching it: at the slowest pace, every slow commit cuts
 		// again, three times a second.

@@ -145,15 +145,14 @@ type scalingWatch struct {
 	// lastBacklog is the status's lastProbeTime of the last read seen with
 	// a backlog, at the status's second precision.
 	lastBacklog time.Time
-	// firstBacklogDesired is the desired replicas of the first status seen
-	// with a backlog, -1 before it.
-	firstBacklogDesired int32
+	// firstBacklog is the first status seen with a backlog, nil before it.
+	firstBacklog *v1alpha1.OutboxDrainerStatus
 }
 
 // watchScaling reads the fleet's status every 100 ms, more often than the
 // status interval, so no read's backlog is missed, until stop is called.
 func watchScaling(ctx context.Context, timeline *testenv.Timeline, key client.ObjectKey) *scalingWatch {
-	w := &scalingWatch{firstBacklogDesired: -1}
+	w := &scalingWatch{}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -180,8 +179,8 @@ func watchScaling(ctx context.Context, timeline *testenv.Timeline, key client.Ob
 				if *b > 0 && od.Status.LastProbeTime != nil {
 					w.mu.Lock()
 					w.lastBacklog = od.Status.LastProbeTime.Time
-					if w.firstBacklogDesired < 0 && od.Status.Autoscaling != nil {
-						w.firstBacklogDesired = od.Status.Autoscaling.DesiredReplicas
+					if w.firstBacklog == nil {
+						w.firstBacklog = od.Status.DeepCopy()
 					}
 					w.mu.Unlock()
 				}
@@ -204,9 +203,12 @@ func (w *scalingWatch) lastBacklogRead() time.Time {
 }
 
 // desiredAtFirstBacklog is the desired replicas of the first status seen
-// with a backlog, -1 if none was seen.
+// with a backlog, -1 if none was seen or it had no autoscaling status.
 func (w *scalingWatch) desiredAtFirstBacklog() int32 {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.firstBacklogDesired
+	if w.firstBacklog == nil || w.firstBacklog.Autoscaling == nil {
+		return -1
+	}
+	return w.firstBacklog.Autoscaling.DesiredReplicas
 }
