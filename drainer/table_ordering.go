@@ -237,7 +237,7 @@ waiting AS (
 claimed AS (
 	UPDATE %[1]s AS o SET %[7]s = now(), %[8]s = $1, %[3]s = now() + $4 * interval '1 millisecond'
 	FROM taken k
-	WHERE o.ctid = ANY(ARRAY(SELECT tid FROM taken)) AND o.tableoid = k.toid AND o.ctid = k.tid
+	WHERE `+takenRows+`
 	RETURNING o.%[2]s::text AS id, o.tableoid AS toid, o.ctid AS tid, o.%[7]s AS token,
 		CASE WHEN k.size <= $5 THEN o.%[10]s END AS payload, k.size, %[11]s AS routing_key, %[12]s AS headers, %[13]s AS enqueued_at,
 		o.%[15]s::text AS okey
