@@ -346,7 +346,7 @@ type ClaimParams struct {
 //     settle is fenced on both.
 //
 // Rows are found again by table oid and ctid, which cannot change while the
-// row lock is held: a TID scan per row, not a primary-key probe. A ctid
+// row lock is held: one TID scan, not a primary-key probe per row. A ctid
 // names a row only within one table, and a partition or an inheriting child
 // numbers its own, so the oid goes with it.
 //
@@ -420,13 +420,12 @@ taken AS (
 
 // takenRows is how a claim's update finds the rows it takes (alias o) in
 // taken (alias k): all in one TID scan, matched to taken by a hash join.
-// Compared as tids, the ctids let the planner look each taken row up in a
-// TID scan of its own, filtered by the whole list: quadratic in the claim,
-// and a quarter of the Postgres CPU of a claim of 500 rows. Compared as
-// text, they can only be hashed or sorted. (The planner estimates a few
-// rows taken, so it hashes them; for the other lists that statements find
-// again by ctid (see locatedIn), it estimates one, and would scan every
-// ctid of the list once per row of it: those keep comparing tids.)
+// Compared as tids, the ctids let the planner look each row up in a TID
+// scan of its own, filtered by the whole list: quadratic in the claim, and
+// a quarter of the Postgres CPU of a claim of 500 rows. As text, they can
+// only be hashed or sorted. The other lists found again by ctid (see
+// locatedIn) keep comparing tids: the planner expects a row or so in them,
+// and would nest a scan of every listed ctid inside each.
 const takenRows = "o.ctid = ANY(ARRAY(SELECT tid FROM taken)) AND o.tableoid = k.toid AND o.ctid::text = k.tid::text"
 
 // claimTerms are the claim's arguments, and its format arguments given the
