@@ -420,10 +420,11 @@ taken AS (
 
 // takenRows is how a claim's update finds the rows it takes (alias o) in
 // taken (alias k): all in one TID scan, matched to taken by a hash join.
-// Compared as tids, the ctids let the planner look each row up in a TID
-// scan of its own, filtered by the whole list: quadratic in the claim, and
-// a quarter of the Postgres CPU of a claim of 500 rows. As text, they can
-// only be hashed or sorted. The other lists found again by ctid (see
+// Compared as tids, the ctids let a session that planned the claim while
+// few rows were due look each row up in a TID scan of its own, filtered by
+// the whole list: quadratic in the claim, and a quarter of the Postgres CPU
+// of a claim of 500 rows once a backlog built up. As text, they can only be
+// hashed or sorted. The other lists found again by ctid (see
 // locatedIn) keep comparing tids: the planner expects a row or so in them,
 // and would nest a scan of every listed ctid inside each.
 const takenRows = "o.ctid = ANY(ARRAY(SELECT tid FROM taken)) AND o.tableoid = k.toid AND o.ctid::text = k.tid::text"
