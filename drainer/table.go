@@ -424,9 +424,9 @@ taken AS (
 // few rows were due look each row up in a TID scan of its own, filtered by
 // the whole list: quadratic in the claim, and a quarter of the Postgres CPU
 // of a claim of 500 rows once a backlog built up. As text, they can only be
-// hashed or sorted. The other lists found again by ctid (see
-// locatedIn) keep comparing tids: the planner expects a row or so in them,
-// and would nest a scan of every listed ctid inside each.
+// hashed or sorted. The other lists found again by ctid (see locatedIn)
+// keep comparing tids: the planner expects a row or so in them, and would
+// nest a scan of every listed ctid inside each.
 const takenRows = "o.ctid = ANY(ARRAY(SELECT tid FROM taken)) AND o.tableoid = k.toid AND o.ctid::text = k.tid::text"
 
 // claimTerms are the claim's arguments, and its format arguments given the
