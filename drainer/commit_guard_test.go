@@ -153,7 +153,7 @@ var _ = Describe("The commit guard", func() {
 		Expect(rate).To(BeNumerically(">", 0), "it still drains, and times its settles")
 		Expect(histogramCount(d.reg, "spillway_drainer_commit_duration_seconds")).To(BeNumerically(">", 10))
 		Expect(count(ctx, spec.Name, "published_at IS NULL")).To(BeNumerically(">", 10000), "the backlog waits")
-		Eventually(cuts).Should(BeNumerically(">", atSlowest), "so are the holds at it, each slow commit after the last cut's hold")
+		Eventually(cuts, drainTimeout).Should(BeNumerically(">", atSlowest), "so are the holds at it, each slow commit after the last cut's hold")
 		Expect(strings.Count(string(d.logs.Contents()), "even at the slowest pace")).To(Equal(1),
 			"logged on reaching it, not at each of the cuts that keep it there")
 	})

@@ -417,6 +417,8 @@ func expectPlans(ctx context.Context, spec TableSpec, settlesFind string) {
 	// The rows taken are found in one TID scan of them all, not each in a
 	// scan of its own filtered by the whole list, quadratic in the claim.
 	Expect(claim).To(ContainSubstring("TID Cond: (ctid = ANY"))
+	Expect(claim).To(MatchRegexp(`(Hash|Merge) Cond: .*(\(o\.ctid\)::text = \(k\.tid\)::text|\(k\.tid\)::text = \(o\.ctid\)::text)`),
+		"matched to taken by a hash or a sort")
 	Expect(claim).NotTo(ContainSubstring("TID Cond: (ctid = k.tid)"))
 	for name, stmt := range map[string]Statement{
 		"claim":     t.Claim(claimParams("d", 100)),
