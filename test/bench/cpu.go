@@ -150,6 +150,63 @@ func (w stopwatch) stop(events int) run {
 	return run{rate: float64(events) / use.wall.Seconds(), cpu: use, events: events}
 }
 
+// sessionShares splits the database's CPU seconds since a watch started by
+// whom each backend served: the drainers' own sessions, the other client
+// sessions (the application's, and the bench's listener), and the rest
+// (autovacuum, the WAL writer, the checkpointer, and backends that exited,
+// whose time is the postmaster's now). It tells a dearer drain from dearer
+// inserts, which the notify trigger and a drainer claiming beside them make.
+type sessionShares struct{ drainers, clients, rest float64 }
+
+// databaseShares reads the split while the sessions are still open.
+func (w stopwatch) databaseShares() sessionShares {
+	rows, err := w.db.Query(context.Background(),
+		"SELECT pid::text, application_name LIKE 'spillway-drainer/%' FROM pg_stat_activity WHERE backend_type = 'client backend'")
+	if err != nil {
+		log.Fatalf("read the database's sessions: %v", err)
+	}
+	drainer := map[string]bool{}
+	for rows.Next() {
+		var pid string
+		var ours bool
+		if err := rows.Scan(&pid, &ours); err != nil {
+			log.Fatalf("read the database's sessions: %v", err)
+		}
+		drainer[pid] = ours
+	}
+	if rows.Err() != nil {
+		log.Fatalf("read the database's sessions: %v", rows.Err())
+	}
+	var s sessionShares
+	now := readCPU()
+	for pid, p := range now {
+		if p.group != groupDatabase {
+			continue
+		}
+		spent := p.seconds - w.cpu[pid].seconds
+		switch ours, client := drainer[pid]; {
+		case !client:
+			s.rest += spent
+		case ours:
+			s.drainers += spent
+		default:
+			s.clients += spent
+		}
+	}
+	for pid, p := range w.cpu {
+		if _, alive := now[pid]; !alive && p.group == groupDatabase {
+			s.rest -= p.seconds
+		}
+	}
+	return s
+}
+
+// String gives each share as a part of one core over wall.
+func (s sessionShares) String(wall time.Duration) string {
+	core := func(x float64) float64 { return 100 * x / wall.Seconds() }
+	return fmt.Sprintf("postgres: drainer's sessions %.1f%%, application's %.1f%%, rest %.1f%%", core(s.drainers), core(s.clients), core(s.rest))
+}
+
 // walSince is the WAL written since the watch started. Its bytes come from
 // the WAL insert position, exact at any time. Full pages and syncs come from
 // pg_stat_wal, which a backend updates when it exits, and while it works

@@ -43,6 +43,7 @@ type latencyRun struct {
 	walBytes float64
 	pages    int64
 	cpu      cpuUse // while inserting, the bench's producers count as "drainer"
+	sessions sessionShares
 	events   int
 }
 
@@ -96,7 +97,8 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 		})
 	}
 	wg.Wait()
-	run := latencyRun{events: total, rate: float64(total) / time.Since(start).Seconds(), cpu: watch.stop(total).cpu, notifications: notifications.Load()}
+	run := latencyRun{events: total, rate: float64(total) / time.Since(start).Seconds(), cpu: watch.stop(total).cpu, notifications: notifications.Load(),
+		sessions: watch.databaseShares()}
 	deadline := time.Now().Add(30 * time.Second)
 	for int(f.published()) < total {
 		if time.Now().After(deadline) {
@@ -153,9 +155,9 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 }
 
 func (r latencyRun) String() string {
-	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s, %d notified; p50/p99 insert→claim %.1f/%.1f ms, claim→settle %.1f/%.1f ms, of which publish→confirm %.1f/%.1f)  %s  WAL/1k events %.0f kB, table %d pages",
+	return fmt.Sprintf("p50 %7.2f ms  p99 %7.2f ms  (%d events at %.0f/s, %d notified; p50/p99 insert→claim %.1f/%.1f ms, claim→settle %.1f/%.1f ms, of which publish→confirm %.1f/%.1f)  %s (%s)  WAL/1k events %.0f kB, table %d pages",
 		ms(r.p50), ms(r.p99), r.events, r.rate, r.notifications, ms(r.toClaim[0]), ms(r.toClaim[1]), ms(r.toSettle[0]), ms(r.toSettle[1]),
-		ms(r.confirm[0]), ms(r.confirm[1]), r.cpu,
+		ms(r.confirm[0]), ms(r.confirm[1]), r.cpu, r.sessions.String(r.cpu.wall),
 		r.walBytes/float64(r.events)*1000/1024, r.pages)
 }
 
@@ -232,6 +234,18 @@ func (rs latencyRuns) databaseCPU() float64 {
 		s += r.cpu.seconds[groupDatabase]
 	}
 	return s
+}
+
+// sessions is the database's CPU over every round, split by session, as a
+// part of one core.
+func (rs latencyRuns) sessions() string {
+	var sum sessionShares
+	var wall time.Duration
+	for _, r := range rs {
+		sum.drainers, sum.clients, sum.rest = sum.drainers+r.sessions.drainers, sum.clients+r.sessions.clients, sum.rest+r.sessions.rest
+		wall += r.cpu.wall
+	}
+	return sum.String(wall)
 }
 
 // against is each round's Postgres CPU as a ratio to that of base's round.

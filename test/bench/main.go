@@ -309,6 +309,12 @@ func (b *bench) latency(ctx context.Context) []string {
 	coalescing, each := notified.databaseCPU()/polled.databaseCPU(), eager.databaseCPU()/polled.databaseCPU()
 	fmt.Printf("Postgres CPU against polling's, over the rounds: coalescing %.2f (rounds %s), claiming at each wake-up %.2f (rounds %s)\n",
 		coalescing, notified.against(polled), each, eager.against(polled))
+	for _, s := range []struct {
+		what string
+		runs latencyRuns
+	}{{"coalescing", notified}, {"claiming at each wake-up", eager}, {"polling", polled}} {
+		fmt.Printf("  %-26s %s (of a core, over the rounds)\n", s.what+":", s.runs.sessions())
+	}
 
 	p50, p99 := notified.p50(), notified.p99()
 	return []string{
