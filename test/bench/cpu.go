@@ -160,23 +160,7 @@ type sessionShares struct{ drainers, clients, rest float64 }
 
 // databaseShares reads the split while the sessions are still open.
 func (w stopwatch) databaseShares() sessionShares {
-	rows, err := w.db.Query(context.Background(),
-		"SELECT pid::text, application_name LIKE 'spillway-drainer/%' FROM pg_stat_activity WHERE backend_type = 'client backend'")
-	if err != nil {
-		log.Fatalf("read the database's sessions: %v", err)
-	}
-	drainer := map[string]bool{}
-	for rows.Next() {
-		var pid string
-		var ours bool
-		if err := rows.Scan(&pid, &ours); err != nil {
-			log.Fatalf("read the database's sessions: %v", err)
-		}
-		drainer[pid] = ours
-	}
-	if rows.Err() != nil {
-		log.Fatalf("read the database's sessions: %v", rows.Err())
-	}
+	drainer := drainerSessions(w.db)
 	var s sessionShares
 	now := readCPU()
 	for pid, p := range now {
@@ -199,6 +183,30 @@ func (w stopwatch) databaseShares() sessionShares {
 		}
 	}
 	return s
+}
+
+// drainerSessions tells, for each client backend by pid, whether it is a
+// drainer's session (by its application_name).
+func drainerSessions(db *pgxpool.Pool) map[string]bool {
+	rows, err := db.Query(context.Background(),
+		"SELECT pid::text, application_name LIKE 'spillway-drainer/%' FROM pg_stat_activity WHERE backend_type = 'client backend'")
+	if err != nil {
+		log.Fatalf("read the database's sessions: %v", err)
+	}
+	defer rows.Close()
+	drainer := map[string]bool{}
+	for rows.Next() {
+		var pid string
+		var ours bool
+		if err := rows.Scan(&pid, &ours); err != nil {
+			log.Fatalf("read the database's sessions: %v", err)
+		}
+		drainer[pid] = ours
+	}
+	if rows.Err() != nil {
+		log.Fatalf("read the database's sessions: %v", rows.Err())
+	}
+	return drainer
 }
 
 // String gives each share as a part of one core over wall.
