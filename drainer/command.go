@@ -152,6 +152,7 @@ func DrainCommand(ctx context.Context, args []string) error {
 		return err
 	}
 	log := slog.New(NewLogHandler(os.Stderr)).With("drainer", cfg.DrainerID)
+	gcPercent, memoryLimit := TuneGC()
 	pool, err := ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
 	if err != nil {
 		return err
@@ -181,7 +182,8 @@ func DrainCommand(ctx context.Context, args []string) error {
 	}
 	log.Info("Drainer started", "table", store.Table().Name(),
 		"database", RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File,
-		"broker", RedactURL(cfg.Broker.URL), "brokerFile", cfg.Broker.File, "exchange", cfg.Broker.Exchange)
+		"broker", RedactURL(cfg.Broker.URL), "brokerFile", cfg.Broker.File, "exchange", cfg.Broker.Exchange,
+		"gcPercent", gcPercent, "memoryLimitBytes", memoryLimit)
 	return d.Run(ctx)
 }
 

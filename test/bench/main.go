@@ -108,8 +108,11 @@ func main() {
 	}
 	b.dropLeftovers(ctx)
 
-	fmt.Printf("Spillway benchmark: %d events of %d bytes, persistent, to a durable bound queue; batch %d, pipeline depth %d\n\n",
-		*events, *payloadBytes, *batchSize, *depth)
+	// The drainers run in this process as spillway drain runs them; the
+	// raw publisher and the naive drainer share the setting.
+	gcPercent, _ := drainer.TuneGC()
+	fmt.Printf("Spillway benchmark: %d events of %d bytes, persistent, to a durable bound queue; batch %d, pipeline depth %d; GOGC %d\n\n",
+		*events, *payloadBytes, *batchSize, *depth, gcPercent)
 
 	// Latency before the claim runs, whose million-row tables leave
 	// checkpoints and vacuums behind.
