@@ -17,8 +17,10 @@ var _ = Describe("The drainer's garbage collection", func() {
 	}
 	BeforeEach(func() {
 		was, gogc, set := gcPercent(), os.Getenv("GOGC"), os.Getenv("GOGC") != ""
+		limit := debug.SetMemoryLimit(-1) // TuneGC may set one from this process's cgroup
 		DeferCleanup(func() {
 			debug.SetGCPercent(was)
+			debug.SetMemoryLimit(limit)
 			if set {
 				Expect(os.Setenv("GOGC", gogc)).To(Succeed())
 			} else {
