@@ -152,7 +152,7 @@ func DrainCommand(ctx context.Context, args []string) error {
 		return err
 	}
 	log := slog.New(NewLogHandler(os.Stderr)).With("drainer", cfg.DrainerID)
-	gcPercent, memoryLimit := TuneGC()
+	gcPercent, memoryLimit := TuneGC(cfg)
 	pool, err := ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
 	if err != nil {
 		return err

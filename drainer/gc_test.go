@@ -32,7 +32,7 @@ var _ = Describe("The drainer's garbage collection", func() {
 	It("lets the heap grow to five times what is live when GOGC is not set", func() {
 		Expect(os.Unsetenv("GOGC")).To(Succeed())
 		debug.SetGCPercent(100)
-		percent, _ := TuneGC()
+		percent, _ := TuneGC(DefaultConfig())
 		Expect(percent).To(Equal(400))
 		Expect(gcPercent()).To(Equal(400))
 	})
@@ -41,8 +41,24 @@ var _ = Describe("The drainer's garbage collection", func() {
 		// The runtime reads GOGC as the process starts.
 		Expect(os.Setenv("GOGC", "150")).To(Succeed())
 		debug.SetGCPercent(150)
-		percent, _ := TuneGC()
+		percent, _ := TuneGC(DefaultConfig())
 		Expect(percent).To(Equal(150))
 		Expect(gcPercent()).To(Equal(150))
+	})
+
+	It("keeps its heap near four times what the byte budgets let it hold, where the container sets no limit", func() {
+		Expect(budgetMemory(DefaultConfig())).To(Equal(int64(128 << 20)))
+		cfg := DefaultConfig()
+		cfg.MaxClaimBytes, cfg.MaxPipelineBytes = 32<<20, 64<<20
+		Expect(budgetMemory(cfg)).To(Equal(int64(512 << 20)))
+		for _, name := range []string{"GOMEMLIMIT", "AUTOMEMLIMIT"} {
+			if v, set := os.LookupEnv(name); set {
+				Expect(os.Unsetenv(name)).To(Succeed())
+				DeferCleanup(os.Setenv, name, v)
+			}
+		}
+		_, limit := TuneGC(DefaultConfig())
+		Expect(limit).To(BeNumerically(">", 0))
+		Expect(debug.SetMemoryLimit(-1)).To(Equal(limit), "the runtime's soft limit")
 	})
 })

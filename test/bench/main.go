@@ -110,7 +110,7 @@ func main() {
 
 	// The drainers run in this process as spillway drain runs them; the
 	// raw publisher and the naive drainer share the setting.
-	gcPercent, _ := drainer.TuneGC()
+	gcPercent, _ := drainer.TuneGC(drainer.DefaultConfig())
 	fmt.Printf("Spillway benchmark: %d events of %d bytes, persistent, to a durable bound queue; batch %d, pipeline depth %d; GOGC %d\n\n",
 		*events, *payloadBytes, *batchSize, *depth, gcPercent)
 
