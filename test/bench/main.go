@@ -108,8 +108,13 @@ func main() {
 	}
 	b.dropLeftovers(ctx)
 
-	// The drainers run in this process as spillway drain runs them; the
-	// raw publisher and the naive drainer share the setting.
+	// The drainers run in this process with spillway drain's collection
+	// target; the raw publisher and the naive drainer share it. Not its
+	// memory limit, which is sized for a drainer alone: this process also
+	// holds the application's and the consumers' side of every run.
+	if err := os.Setenv("AUTOMEMLIMIT", "off"); err != nil {
+		log.Fatal(err)
+	}
 	gcPercent, _ := drainer.TuneGC(drainer.DefaultConfig())
 	fmt.Printf("Spillway benchmark: %d events of %d bytes, persistent, to a durable bound queue; batch %d, pipeline depth %d; GOGC %d\n\n",
 		*events, *payloadBytes, *batchSize, *depth, gcPercent)
