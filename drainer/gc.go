@@ -27,16 +27,23 @@ func budgetMemory(cfg Config) int64 {
 	return 4 * (2*cfg.MaxClaimBytes + cfg.MaxPipelineBytes)
 }
 
-// TuneGC sets the drainer's collection target, unless GOGC does, and a soft
-// memory limit at nine tenths of the container's limit, or of budgetMemory
-// without one, unless GOMEMLIMIT or AUTOMEMLIMIT=off says otherwise. It
-// returns both (0: no limit), for the start-up log.
-func TuneGC(cfg Config) (gcPercent int, memoryLimit int64) {
-	gcPercent = debug.SetGCPercent(-1)
+// TuneGCPercent sets the drainer's collection target, unless GOGC does, and
+// returns it.
+func TuneGCPercent() int {
+	gcPercent := debug.SetGCPercent(-1)
 	if os.Getenv("GOGC") == "" {
 		gcPercent = drainGCPercent
 	}
 	debug.SetGCPercent(gcPercent)
+	return gcPercent
+}
+
+// TuneGC sets the collection target (TuneGCPercent), and a soft memory limit
+// at nine tenths of the container's limit, or of budgetMemory without one,
+// unless GOMEMLIMIT or AUTOMEMLIMIT=off says otherwise. It returns both (0:
+// no limit), for the start-up log.
+func TuneGC(cfg Config) (gcPercent int, memoryLimit int64) {
+	gcPercent = TuneGCPercent()
 	limits := memlimit.ApplyFallback(memlimit.FromCgroup, memlimit.Limit(uint64(budgetMemory(cfg))))
 	if limit, err := memlimit.Set(memlimit.WithProvider(limits)); err == nil && limit < math.MaxInt64 {
 		memoryLimit = limit

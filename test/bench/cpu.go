@@ -78,9 +78,12 @@ func readCPU() map[string]processCPU {
 // cpuSince is the CPU seconds each group spent since before was read. A
 // process that exited since is taken out at what it had then, its whole time
 // being in its parent's count now; a new one started from 0.
-func cpuSince(before map[string]processCPU) cpuTimes {
+func cpuSince(before map[string]processCPU) cpuTimes { return cpuBetween(before, readCPU()) }
+
+// cpuBetween is cpuSince at the reading now.
+func cpuBetween(before, now map[string]processCPU) cpuTimes {
 	spent := make(cpuTimes, len(cpuGroups))
-	for _, p := range readCPU() {
+	for _, p := range now {
 		spent[p.group] += p.seconds
 	}
 	for _, p := range before {
@@ -158,31 +161,28 @@ func (w stopwatch) stop(events int) run {
 // inserts, which the notify trigger and a drainer claiming beside them make.
 type sessionShares struct{ drainers, clients, rest float64 }
 
-// databaseShares reads the split while the sessions are still open.
+// databaseShares reads the split while the sessions are still open. The
+// rest is what the database spent beyond its client sessions.
 func (w stopwatch) databaseShares() sessionShares {
-	drainer := drainerSessions(w.db)
+	drainer, now := drainerSessions(w.db), readCPU()
 	var s sessionShares
-	now := readCPU()
-	for pid, p := range now {
-		if p.group != groupDatabase {
+	for pid, ours := range drainer {
+		p, alive := now[pid]
+		if !alive || p.group != groupDatabase {
 			continue
 		}
-		spent := p.seconds - w.cpu[pid].seconds
-		switch ours, client := drainer[pid]; {
-		case !client:
-			s.rest += spent
-		case ours:
+		if spent := p.seconds - w.cpu[pid].seconds; ours {
 			s.drainers += spent
-		default:
+		} else {
 			s.clients += spent
 		}
 	}
-	for pid, p := range w.cpu {
-		if _, alive := now[pid]; !alive && p.group == groupDatabase {
-			s.rest -= p.seconds
-		}
-	}
+	s.rest = cpuBetween(w.cpu, now)[groupDatabase] - s.drainers - s.clients
 	return s
+}
+
+func (s sessionShares) add(o sessionShares) sessionShares {
+	return sessionShares{s.drainers + o.drainers, s.clients + o.clients, s.rest + o.rest}
 }
 
 // drainerSessions tells, for each client backend by pid, whether it is a

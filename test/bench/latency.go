@@ -242,7 +242,7 @@ func (rs latencyRuns) sessions() string {
 	var sum sessionShares
 	var wall time.Duration
 	for _, r := range rs {
-		sum.drainers, sum.clients, sum.rest = sum.drainers+r.sessions.drainers, sum.clients+r.sessions.clients, sum.rest+r.sessions.rest
+		sum = sum.add(r.sessions)
 		wall += r.cpu.wall
 	}
 	return sum.String(wall)

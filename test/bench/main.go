@@ -112,10 +112,7 @@ func main() {
 	// target; the raw publisher and the naive drainer share it. Not its
 	// memory limit, which is sized for a drainer alone: this process also
 	// holds the application's and the consumers' side of every run.
-	if err := os.Setenv("AUTOMEMLIMIT", "off"); err != nil {
-		log.Fatal(err)
-	}
-	gcPercent, _ := drainer.TuneGC(drainer.DefaultConfig())
+	gcPercent := drainer.TuneGCPercent()
 	fmt.Printf("Spillway benchmark: %d events of %d bytes, persistent, to a durable bound queue; batch %d, pipeline depth %d; GOGC %d\n\n",
 		*events, *payloadBytes, *batchSize, *depth, gcPercent)
 
