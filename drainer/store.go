@@ -1,9 +1,11 @@
 package drainer
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,6 +27,8 @@ type Row struct {
 	EnqueuedAt time.Time
 	// Key is the row's ordering key, on an ordered table; nil otherwise.
 	Key *string
+	// place is the row's place in its claim's due order.
+	place int64
 }
 
 // Claim is what one claim took: its rows, in due order, and its token.
@@ -268,7 +272,7 @@ func collectClaim(rows pgx.Rows) (Claim, error) {
 	defer rows.Close()
 	var c Claim
 	var row Row
-	into := []any{&row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &c.Due}
+	into := []any{&row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &row.place, &c.Due}
 	for rows.Next() {
 		if err := rows.Scan(into...); err != nil {
 			return Claim{}, err
@@ -279,7 +283,15 @@ func collectClaim(rows pgx.Rows) (Claim, error) {
 		c.Rows = append(c.Rows, row)
 		row = Row{}
 	}
+	inDueOrder(c.Rows)
 	return c, rows.Err()
+}
+
+// inDueOrder puts a claim's rows, which Postgres returns in the order its
+// update found them (by ctid), in the order they came due, so that each
+// drainer publishes the oldest first.
+func inDueOrder(rows []Row) {
+	slices.SortFunc(rows, func(a, b Row) int { return cmp.Compare(a.place, b.place) })
 }
 
 // collectOrderedClaim reads an ordered claim's rows: a row with a NULL id
@@ -289,12 +301,12 @@ func collectOrderedClaim(rows pgx.Rows) (Claim, error) {
 	var id *string
 	var table *uint32
 	var token, enqueued *time.Time
-	var size *int64
+	var size, place *int64
 	var row Row
-	scan := []any{&id, &table, &row.At.TID, &token, &row.Payload, &size, &row.RoutingKey, &row.Headers, &enqueued, &row.Key, &c.Due, &c.Scanned, &c.Deferred}
+	scan := []any{&id, &table, &row.At.TID, &token, &row.Payload, &size, &row.RoutingKey, &row.Headers, &enqueued, &row.Key, &place, &c.Due, &c.Scanned, &c.Deferred}
 	_, err := pgx.ForEachRow(rows, scan, func() error {
 		if id != nil {
-			row.ID, row.At.Table, row.Size, row.EnqueuedAt, c.Token = *id, *table, *size, *enqueued, *token
+			row.ID, row.At.Table, row.Size, row.EnqueuedAt, row.place, c.Token = *id, *table, *size, *enqueued, *place, *token
 			c.Rows = append(c.Rows, row)
 		}
 		row = Row{}
@@ -303,6 +315,7 @@ func collectOrderedClaim(rows pgx.Rows) (Claim, error) {
 	if err != nil {
 		return Claim{}, fmt.Errorf("claim batch: %w", err)
 	}
+	inDueOrder(c.Rows)
 	return c, nil
 }
 

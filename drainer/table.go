@@ -337,8 +337,8 @@ type ClaimParams struct {
 //     it is found; when every live row was, the budget is a running sum.
 //     Otherwise a walk sizes each row only as it reaches it, so a large
 //     backlog of large payloads costs one row each.
-//   - taken: the rows within the budget, with their sizes. The rest stay
-//     unclaimed and are unlocked at commit.
+//   - taken: the rows within the budget, with their sizes and their places
+//     in due order. The rest stay unclaimed and are unlocked at commit.
 //   - poisoned: the due rows that are not live get 'infinity', so that no
 //     claim walks over them again.
 //   - the update stamps the lease; claimed_by names the drainer and
@@ -354,8 +354,11 @@ type ClaimParams struct {
 // oversized row is never loaded into memory; it counts nothing against the
 // budget.
 //
-// Each row returns the number of live rows that were due, so the drainer can
-// tell a claim cut short by its budget from an outbox with nothing more due.
+// Each row returns its place in due order, since an update returns its rows
+// in the order it found them (by ctid, which follows where each row landed in
+// the table, not when it came due), and the number of live rows that were
+// due, so the drainer can tell a claim cut short by its budget from an
+// outbox with nothing more due.
 func (t *Table) Claim(p ClaimParams) Statement {
 	if t.order != nil {
 		return t.claimInOrder(p)
@@ -378,7 +381,7 @@ UPDATE %[1]s AS o SET %[7]s = now(), %[8]s = $1, %[3]s = now() + $4 * interval '
 FROM taken k
 WHERE `+takenRows+`
 RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN k.size <= $5 THEN o.%[10]s END, k.size, %[11]s, %[12]s, %[13]s,
-	(SELECT count(*) FROM due WHERE live)`, terms(locatedIn("due WHERE NOT live"))...)
+	k.n, (SELECT count(*) FROM due WHERE live)`, terms(locatedIn("due WHERE NOT live"))...)
 	return Statement{SQL: sql, Args: args}
 }
 
@@ -388,7 +391,7 @@ RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN k.size <= $5 THE
 // (OFFSET 0): pulled up, its size became five subplans, each set up by every
 // claim, walking or not.
 const claimBudget = `sized AS (
-	SELECT toid, tid, size FROM (
+	SELECT toid, tid, size, n FROM (
 		SELECT toid, tid, size, row_number() OVER w AS n, sum(CASE WHEN size <= $5 THEN size ELSE 0 END) OVER w AS bytes
 		FROM due WHERE live
 		WINDOW w AS (ORDER BY due_at, tid)
@@ -412,9 +415,9 @@ budget(n, bytes, size) AS (
 	WHERE b.n < cardinality(q.tids) AND (b.n = 0 OR b.bytes + CASE WHEN r.size <= $5 THEN r.size ELSE 0 END <= $6)
 ),
 taken AS (
-	SELECT toid, tid, size FROM sized WHERE (SELECT coalesce(bool_and(size IS NOT NULL), true) FROM due WHERE live)
+	SELECT toid, tid, size, n FROM sized WHERE (SELECT coalesce(bool_and(size IS NOT NULL), true) FROM due WHERE live)
 	UNION ALL
-	SELECT q.toids[b.n], q.tids[b.n], b.size FROM budget b, queue q
+	SELECT q.toids[b.n], q.tids[b.n], b.size, b.n FROM budget b, queue q
 	WHERE b.n > 0 AND NOT (SELECT coalesce(bool_and(size IS NOT NULL), true) FROM due WHERE live)
 ),`
 

@@ -240,9 +240,9 @@ claimed AS (
 	WHERE `+takenRows+`
 	RETURNING o.%[2]s::text AS id, o.tableoid AS toid, o.ctid AS tid, o.%[7]s AS token,
 		CASE WHEN k.size <= $5 THEN o.%[10]s END AS payload, k.size, %[11]s AS routing_key, %[12]s AS headers, %[13]s AS enqueued_at,
-		o.%[15]s::text AS okey
+		o.%[15]s::text AS okey, k.n AS place
 )
-SELECT c.id, c.toid, c.tid, c.token, c.payload, c.size, c.routing_key, c.headers, c.enqueued_at, c.okey,
+SELECT c.id, c.toid, c.tid, c.token, c.payload, c.size, c.routing_key, c.headers, c.enqueued_at, c.okey, c.place,
 	(SELECT count(*) FROM due WHERE live), (SELECT count(*) FROM scan),
 	(SELECT count(*) FROM due WHERE NOT live AND NOT spent AND NOT waits)
 FROM (SELECT) one LEFT JOIN claimed c ON true`,
