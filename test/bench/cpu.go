@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -164,9 +165,9 @@ type sessionShares struct{ drainers, clients, rest float64 }
 // databaseShares reads the split while the sessions are still open. The
 // rest is what the database spent beyond its client sessions.
 func (w stopwatch) databaseShares() sessionShares {
-	drainer, now := drainerSessions(w.db), readCPU()
+	sessions, now := clientSessions(w.db), readCPU()
 	var s sessionShares
-	for pid, ours := range drainer {
+	for pid, ours := range sessions {
 		p, alive := now[pid]
 		if !alive || p.group != groupDatabase {
 			continue
@@ -185,28 +186,18 @@ func (s sessionShares) add(o sessionShares) sessionShares {
 	return sessionShares{s.drainers + o.drainers, s.clients + o.clients, s.rest + o.rest}
 }
 
-// drainerSessions tells, for each client backend by pid, whether it is a
+// clientSessions tells, for each client backend by pid, whether it is a
 // drainer's session (by its application_name).
-func drainerSessions(db *pgxpool.Pool) map[string]bool {
-	rows, err := db.Query(context.Background(),
+func clientSessions(db *pgxpool.Pool) map[string]bool {
+	rows, _ := db.Query(context.Background(),
 		"SELECT pid::text, application_name LIKE 'spillway-drainer/%' FROM pg_stat_activity WHERE backend_type = 'client backend'")
-	if err != nil {
+	sessions := map[string]bool{}
+	var pid string
+	var ours bool
+	if _, err := pgx.ForEachRow(rows, []any{&pid, &ours}, func() error { sessions[pid] = ours; return nil }); err != nil {
 		log.Fatalf("read the database's sessions: %v", err)
 	}
-	defer rows.Close()
-	drainer := map[string]bool{}
-	for rows.Next() {
-		var pid string
-		var ours bool
-		if err := rows.Scan(&pid, &ours); err != nil {
-			log.Fatalf("read the database's sessions: %v", err)
-		}
-		drainer[pid] = ours
-	}
-	if rows.Err() != nil {
-		log.Fatalf("read the database's sessions: %v", rows.Err())
-	}
-	return drainer
+	return sessions
 }
 
 // String gives each share as a part of one core over wall.

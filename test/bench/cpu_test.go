@@ -65,7 +65,7 @@ func TestDatabaseSharesSplitBySession(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	kinds := drainerSessions(pool)
+	kinds := clientSessions(pool)
 	if ours, ok := kinds[drainerPID]; !ok || !ours {
 		t.Errorf("the session named spillway-drainer/test is not counted as a drainer's (found %v, drainer's %v)", ok, ours)
 	}
