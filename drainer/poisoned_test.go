@@ -385,8 +385,8 @@ var _ = Describe("Triage of an adopted table", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("A replayed row", Label("integration"), func() {
-	It("is published again by a running drainer, and no other row is", func(ctx SpecContext) {
+var _ = Describe("Replayed rows", Label("integration"), func() {
+	It("are published again by a running drainer, and no other row is", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		seed(ctx, spec.Name, 7)
 		exec(ctx, "UPDATE "+spec.Name+" SET published_at = now() - interval '1 minute' WHERE id IN (SELECT id FROM "+spec.Name+" ORDER BY id LIMIT 3)")
@@ -408,9 +408,7 @@ var _ = Describe("A replayed row", Label("integration"), func() {
 		Expect(depth).To(BeZero(), "the published rows and the other poisoned ones were not published")
 		Expect(count(ctx, spec.Name, "id::text = ANY($1) AND published_at IS NULL AND available_at = 'infinity'", stuck[2:])).To(Equal(2))
 	})
-})
 
-var _ = Describe("Replayed rows", Label("integration"), func() {
 	It("go back to their places in line: a drainer publishes them in the order they were enqueued, before a row enqueued after them", func(ctx SpecContext) {
 		// Each row is inserted enqueued a second before the one inserted
 		// before it, so the table's order is the reverse of the enqueue
