@@ -1,6 +1,11 @@
 package drainer
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"math"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the drainer's Prometheus collectors, all under spillway_drainer_.
 type Metrics struct {
@@ -37,9 +42,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LeaseLost: prometheus.NewCounter(prometheus.CounterOpts(opts("lease_lost_rows_total",
 			"Rows a settle left alone because their lease had expired and they were claimed again."))),
 		ClaimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
-			Name: "claim_duration_seconds", Help: "Time taken by one claim statement.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14)}),
+			Name: "claim_duration_seconds", Help: "Time taken by one claim statement.", Buckets: latencyBuckets(13)}),
 		ConfirmLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
-			Name: "confirm_duration_seconds", Help: "Time from publish to broker confirm.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16)}),
+			Name: "confirm_duration_seconds", Help: "Time from publish to broker confirm.", Buckets: latencyBuckets(15)}),
 		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
 			Name: "batch_size_rows", Help: "Rows returned by one claim.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		InFlight:    prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight_messages", "Messages published and awaiting their confirm."))),
@@ -62,4 +67,23 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.RateShare,
 		m.CommitLatency, m.CommitPace, m.CommitPaceCuts, m.Pruned)
 	return m
+}
+
+// latencyBuckets are a latency histogram's buckets from 0.5 ms up to
+// 0.5 ms × 2^doublings, two to each doubling: a quantile is interpolated
+// within its bucket, and in buckets a doubling wide a confirm's p99 read
+// 48 ms where the latencies themselves gave 41. Each bound is a short
+// number, for readable le labels: the doublings exact, the bounds between
+// them (× √2) to three figures.
+func latencyBuckets(doublings int) []float64 {
+	buckets := make([]float64, 0, 2*doublings+1)
+	for d := range doublings + 1 {
+		low := math.Ldexp(0.0005, d)
+		buckets = append(buckets, low)
+		if d < doublings {
+			mid, _ := strconv.ParseFloat(strconv.FormatFloat(low*math.Sqrt2, 'g', 3, 64), 64)
+			buckets = append(buckets, mid)
+		}
+	}
+	return buckets
 }
