@@ -81,7 +81,9 @@ func readCPU() map[string]processCPU {
 // being in its parent's count now; a new one started from 0.
 func cpuSince(before map[string]processCPU) cpuTimes { return cpuBetween(before, readCPU()) }
 
-// cpuBetween is cpuSince at the reading now.
+// cpuBetween is cpuSince at the reading now. Read in clock ticks from
+// processes that come and go, an idle group can come out a tick below zero
+// ("postgres -0" beside the raw publisher): it spent nothing.
 func cpuBetween(before, now map[string]processCPU) cpuTimes {
 	spent := make(cpuTimes, len(cpuGroups))
 	for _, p := range now {
@@ -89,6 +91,9 @@ func cpuBetween(before, now map[string]processCPU) cpuTimes {
 	}
 	for _, p := range before {
 		spent[p.group] -= p.seconds
+	}
+	for g := range spent {
+		spent[g] = max(spent[g], 0)
 	}
 	return spent
 }
@@ -178,7 +183,7 @@ func (w stopwatch) databaseShares() sessionShares {
 			s.clients += spent
 		}
 	}
-	s.rest = cpuBetween(w.cpu, now)[groupDatabase] - s.drainers - s.clients
+	s.rest = max(cpuBetween(w.cpu, now)[groupDatabase]-s.drainers-s.clients, 0)
 	return s
 }
 
