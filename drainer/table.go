@@ -492,6 +492,18 @@ func (t *Table) cheapPayloadSize() string {
 
 func (t *Table) isJSON() bool { return t.payloadType == "jsonb" || t.payloadType == "json" }
 
+// dueInLine is the due time a row, aliased alias, gets when it goes back in
+// line (a waiting row whose turn came, a replayed row): its enqueued_at, so
+// that it queues among the other rows by age, where rows made due at one
+// now() would tie and go out in the order of their places in the table. A
+// table or a row without enqueued_at has no place to go back to: now().
+func (t *Table) dueInLine(alias string) string {
+	if t.cols.EnqueuedAt == "" {
+		return "now()"
+	}
+	return "coalesce(" + alias + "." + q(t.cols.EnqueuedAt) + ", now())"
+}
+
 // locatedIn matches the target rows (alias o) whose table oid and ctid are
 // listed by a query over from, which selects toid and tid.
 func locatedIn(from string) string {

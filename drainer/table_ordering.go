@@ -187,15 +187,6 @@ func (t *Table) orderKeyOf(alias string) string {
 	return "(" + alias + ".oenq, " + alias + ".row_id)"
 }
 
-// wokenDue is the due time a waiting row, aliased alias, gets when its turn
-// comes: its enqueued_at, so it queues among the other keys' rows by age.
-func (t *Table) wokenDue(alias string) string {
-	if t.cols.EnqueuedAt == "" {
-		return "now()"
-	}
-	return "coalesce(" + alias + "." + q(t.cols.EnqueuedAt) + ", now())"
-}
-
 // claimInOrder renders the ordered claim: Claim, with the due rows that are
 // not their key's head sent to wait instead of claimed, or, when what holds
 // them back is being settled at that moment, left due (see stillHeld). Its
@@ -271,7 +262,7 @@ FROM unnest($1::%[4]s[]) AS s(okey), LATERAL (
 	LIMIT 1
 ) nx
 WHERE w.tableoid = nx.toid AND w.%[10]s = nx.row_id AND w.%[2]s = %[9]s`,
-			t.ident, q(c.AvailableAt), t.wokenDue("w"), t.order.keyType, q(t.order.key), q(c.PublishedAt),
+			t.ident, q(c.AvailableAt), t.dueInLine("w"), t.order.keyType, q(t.order.key), q(c.PublishedAt),
 			t.blocks("n", "$2"), t.orderBy("n"), waitingDue, q(c.ID)),
 		Args: t.withMaxAttempts([]any{keys}, maxAttempts),
 	}
@@ -304,7 +295,7 @@ func (t *Table) WakeStranded(maxAttempts, limit int) Statement {
 )
 UPDATE %[1]s AS o SET %[6]s = %[9]s WHERE %[10]s`,
 			t.ident, q(t.order.key), t.enqueuedOrNull(), q(c.ID), q(c.PublishedAt), q(c.AvailableAt), waitingDue,
-			t.isHead("w", "$2"), t.wokenDue("o"), locatedIn("stranded")),
+			t.isHead("w", "$2"), t.dueInLine("o"), locatedIn("stranded")),
 		Args: t.withMaxAttempts([]any{limit}, maxAttempts),
 	}
 }

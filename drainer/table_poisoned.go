@@ -95,22 +95,14 @@ func (t *Table) CountPoisoned(maxAttempts int, sel PoisonedSelector) Statement {
 }
 
 // ReplayPoisoned renders one batch of a replay: up to batch rows that sel
-// picks get their attempts, last error and lease reset, and are due again,
-// so the fleet publishes them again; a parked row is unparked. A row goes
-// back to its place in line, due since it was enqueued: claims take rows in
-// due order, and had every replayed row been due at its batch's now(), the
-// rows would tie, and go out in the order of their places in the table. A
-// table without enqueued_at has no place to go back to: its rows are due now.
+// picks get their attempts, last error and lease reset, and go back to their
+// places in line (dueInLine), so the fleet publishes them again in the
+// order they were enqueued; a parked row is unparked.
 func (t *Table) ReplayPoisoned(maxAttempts int, sel PoisonedSelector, batch int) Statement {
 	c := t.cols
-	due := "now()"
-	if c.EnqueuedAt != "" {
-		// least skips a NULL: such a row is due now.
-		due = "least(" + q(c.EnqueuedAt) + ", now())"
-	}
 	set := []string{
 		q(c.Attempts) + " = 0",
-		q(c.AvailableAt) + " = " + due,
+		q(c.AvailableAt) + " = " + t.dueInLine("o"),
 		q(c.ClaimedAt) + " = NULL",
 		q(c.ClaimedBy) + " = NULL",
 	}
