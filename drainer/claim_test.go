@@ -103,6 +103,86 @@ var _ = Describe("The claim", Label("integration"), func() {
 		}
 	})
 
+	// seedSpent puts n spent rows, due for a day, in front of the live rows:
+	// at attempts, with a finite due time, as rows poisoned under an older
+	// maxAttempts or adopted with their table are; parked rows made due by
+	// hand; and rows in backoff and published history beside them.
+	seedSpent := func(ctx context.Context, table string, n int, attempts string) {
+		exec(ctx, `INSERT INTO `+table+` (event_type, payload, enqueued_at, available_at, attempts, last_error)
+			SELECT 'order.created', jsonb_build_object('spent', g), now() - interval '1 day', now() - interval '1 day' + g * interval '1 ms', `+attempts+`, 'returned'
+			FROM generate_series(1, $1) g`, n)
+		exec(ctx, `INSERT INTO `+table+` (event_type, payload, enqueued_at, available_at, parked_at)
+			SELECT 'order.created', jsonb_build_object('parked', g), now() - interval '1 day', now() - interval '1 day', now() - interval '1 hour'
+			FROM generate_series(1, 100) g`)
+		exec(ctx, `INSERT INTO `+table+` (event_type, payload, attempts, available_at) SELECT 'order.created', '{}', 2, now() + interval '1 hour' FROM generate_series(1, 1000)`)
+		exec(ctx, `INSERT INTO `+table+` (event_type, payload, published_at) SELECT 'order.created', '{}', now() FROM generate_series(1, 1000)`)
+	}
+
+	DescribeTable("claims the live rows behind spent rows in one claim, leaving the spent rows unlocked and unchanged",
+		func(ctx SpecContext, ordered bool, maxAttempts int, attempts string) {
+			spec := canonicalOutbox(ctx)
+			if ordered {
+				spec = orderedOutbox(ctx, "")
+			}
+			seedSpent(ctx, spec.Name, 20_000, attempts)
+			if ordered { // keys of their own, which the spent rows block
+				exec(ctx, "UPDATE "+spec.Name+" SET aggregate_id = 's' || (payload->>'spent') WHERE payload ? 'spent'")
+			}
+			seed(ctx, spec.Name, 50)
+			const spent = "(payload ? 'spent' OR parked_at IS NOT NULL)"
+			store, err := OpenStore(ctx, pool, spec)
+			Expect(err).NotTo(HaveOccurred())
+			p := claimParams("drainer-a", 100)
+			p.MaxAttempts = maxAttempts
+
+			c, err := store.Claim(ctx, p)
+			Expect(err).NotTo(HaveOccurred())
+			Expect(c.Rows).To(HaveLen(50), "every live row, in the first claim")
+			for _, r := range c.Rows {
+				Expect(string(r.Payload)).To(MatchRegexp(`^\{"n": \d+\}$`), "a live row")
+			}
+			Expect(c.Due).To(Equal(50))
+			Expect(c.Full(p.BatchSize)).To(BeFalse(), "nothing more is due")
+			Expect(count(ctx, spec.Name, spent+" AND xmax = 0 AND available_at < now()")).To(Equal(20_100), "no spent row was locked or changed")
+		},
+		Entry("20,000 rows poisoned at maxAttempts with a finite due time, as an adopted table keeps them", false, 10, "10"),
+		Entry("20,000 rows at attempts 3 to 9 once maxAttempts is lowered from 10 to 3", false, 3, "3 + g % 7"),
+		Entry("… on a table ordered per key", true, 3, "3 + g % 7"),
+	)
+
+	It("shelves spent rows in short batches, oldest first: they stay poisoned or parked, and nothing else changes", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		seedSpent(ctx, spec.Name, 2_500, "3 + g % 7")
+		seed(ctx, spec.Name, 50)
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		status := func() OutboxStatus {
+			o, err := ReadOutboxStatus(ctx, pool, store.Table(), 3)
+			Expect(err).NotTo(HaveOccurred())
+			o.PoisonedBy, o.OldestPendingAge = nil, 0
+			return o
+		}
+		before := status()
+		Expect(before.Poisoned).To(Equal(int64(2_500)))
+
+		batch := store.Table().ShelveSpent(3, 1000)
+		Expect(exec(ctx, batch.SQL, batch.Args...)).To(Equal(int64(1000)), "one batch")
+		Expect(count(ctx, spec.Name, "available_at = 'infinity' AND (parked_at IS NOT NULL OR (payload->>'spent')::int <= 900)")).To(Equal(1000),
+			"the oldest due first: the parked rows, then the spent rows by due time")
+		n, err := store.ShelveSpent(ctx, 3, 1000)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(n).To(Equal(int64(1_600)), "the rest of the spent rows and the parked rows, in batches")
+
+		Expect(count(ctx, spec.Name, "available_at = 'infinity'")).To(Equal(2_600))
+		Expect(count(ctx, spec.Name, "available_at = 'infinity' AND parked_at IS NOT NULL")).To(Equal(100), "parked rows stay parked")
+		Expect(count(ctx, spec.Name, "available_at <= now() AND published_at IS NULL")).To(Equal(50), "the live rows stay due")
+		Expect(count(ctx, spec.Name, "attempts = 2 AND available_at > now() AND available_at < 'infinity'")).To(Equal(1000), "rows in backoff keep their due time")
+		Expect(status()).To(Equal(before), "the status counts the same rows as poisoned, parked and backlog")
+		n, err = store.ShelveSpent(ctx, 3, 1000)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(n).To(BeZero())
+	})
+
 	It("reads a constant number of buffers when nothing is due, with 100,000 rows in backoff, 100,000 poisoned and 100,000 published", func(ctx SpecContext) {
 		small, large := canonicalOutbox(ctx), canonicalOutbox(ctx)
 		seedAged(ctx, small.Name, 1_000)

@@ -178,6 +178,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 	if d.cfg.Retention.enabled() {
 		background.Go(func() { d.pruneLoop(bgCtx) })
 	}
+	background.Go(func() { d.shelveLoop(bgCtx) })
 	if d.store.Table().Ordered() {
 		background.Go(func() { d.sweepLoop(bgCtx) })
 	}
@@ -283,6 +284,39 @@ func (d *Drainer) pruneLoop(ctx context.Context) {
 				d.log.Warn("Dropped unpublished rows past retention.unpublishedMaxAge; they were never published",
 					"rows", n, "olderThan", r.UnpublishedMaxAge.String())
 			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// Spent rows are due rows that are not live: poisoned under an older
+// maxAttempts, adopted with the table, or set back by hand. Claims pass over
+// them, but each costs every claim a look until it is shelved, so a drainer
+// shelves them at its start, which is when maxAttempts changes, and then
+// every spentShelveInterval for those set back by hand. Each batch is a
+// short transaction of its own, and the next follows at once.
+const (
+	spentShelveInterval = time.Minute
+	spentShelveBatch    = 10_000
+)
+
+// shelveLoop shelves spent rows at start and every spentShelveInterval.
+func (d *Drainer) shelveLoop(ctx context.Context) {
+	tick := time.NewTicker(spentShelveInterval)
+	defer tick.Stop()
+	for {
+		n, err := d.store.ShelveSpent(ctx, d.cfg.MaxAttempts, spentShelveBatch)
+		d.metrics.Shelved.Add(float64(n))
+		switch {
+		case err != nil && ctx.Err() == nil:
+			d.log.Error("Shelving spent rows failed; claims pass over them meanwhile, and the next try is in a minute", "shelved", n, "error", err)
+		case n > 0:
+			d.log.Info("Shelved spent rows: due, but at maxAttempts or parked; they count as poisoned or parked, and claims no longer pass over them",
+				"rows", n, "maxAttempts", d.cfg.MaxAttempts)
 		}
 		select {
 		case <-ctx.Done():

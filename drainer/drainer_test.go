@@ -348,6 +348,43 @@ var _ = Describe("Failures", Label("integration"), func() {
 	})
 })
 
+var _ = Describe("Spent rows", Label("integration"), func() {
+	It("never hold back rows inserted after the drainer started: 20,000 rows poisoned under an older maxAttempts, polled once a second", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx) // no notify trigger: the poll finds the rows
+		topo := topology("#", nil)
+		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, enqueued_at, available_at, attempts, last_error)
+			SELECT 'order.created', jsonb_build_object('spent', g), now() - interval '1 day', now() - interval '1 day', 3 + g % 7, 'returned'
+			FROM generate_series(1, 20000) g`)
+		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		cfg.MaxAttempts, cfg.BatchSize, cfg.PollInterval = 3, 100, time.Second
+		d := startDrainer(ctx, cfg)
+		// Two claims find nothing live: the drainer idles between polls.
+		Eventually(func() uint64 { return histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") }, drainTimeout).Should(BeNumerically(">=", 2))
+
+		ledger, err := testenv.StartLedger(amqpCon, topo.Queue)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(ledger.Stop)
+
+		claims := func() uint64 { return histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") }
+		seed(ctx, spec.Name, 200)
+		inserted, claimsBefore, live := time.Now(), claims(), ids(ctx, spec.Name, "NOT payload ? 'spent'")
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout, 20*time.Millisecond).Should(Equal(200))
+		GinkgoWriter.Printf("200 rows inserted behind 20,000 spent rows were published in %s, by %d claims\n",
+			time.Since(inserted).Round(time.Millisecond), claims()-claimsBefore)
+		// Two claims of 100 and one that finds nothing more, and the poll
+		// that may fall between the insert and the first; not 200 polls.
+		Expect(claims() - claimsBefore).To(BeNumerically("<=", 5))
+		Eventually(ledger.Missing).WithArguments(live).Should(BeZero())
+		lost, duplicates := ledger.Account(live)
+		Expect(lost).To(BeEmpty())
+		Expect(duplicates).To(BeZero())
+
+		Eventually(func() int { return count(ctx, spec.Name, "available_at = 'infinity'") }, drainTimeout).Should(Equal(20_000), "shelved")
+		Expect(testutil.ToFloat64(d.metrics.Shelved)).To(Equal(20_000.0))
+		Expect(ledger.Total()).To(Equal(200), "no spent row was published")
+	})
+})
+
 var _ = Describe("The drainer's plans", Label("integration"), func() {
 	// settlesFind is how every settle must find each lease's own row, not
 	// every lease against every row.

@@ -25,6 +25,7 @@ type Metrics struct {
 	CommitPace     prometheus.Gauge
 	CommitPaceCuts prometheus.Counter
 	Pruned         *prometheus.CounterVec
+	Shelved        prometheus.Counter
 }
 
 // NewMetrics creates the collectors and registers them with reg.
@@ -62,10 +63,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"With --max-commit-latency: timed commits slower than the ceiling that cut this drainer's pace, a halving each, or a hold at the slowest pace."))),
 		Pruned: prometheus.NewCounterVec(prometheus.CounterOpts(opts("pruned_rows_total",
 			"Rows deleted by retention, by kind (published; unpublished: past unpublishedMaxAge, never delivered).")), []string{"kind"}),
+		Shelved: prometheus.NewCounter(prometheus.CounterOpts(opts("shelved_rows_total",
+			"Due rows that were not live (at maxAttempts, or parked, with a finite due time) given the due time 'infinity', out of the claims' way."))),
 	}
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
 		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.RateShare,
-		m.CommitLatency, m.CommitPace, m.CommitPaceCuts, m.Pruned)
+		m.CommitLatency, m.CommitPace, m.CommitPaceCuts, m.Pruned, m.Shelved)
 	return m
 }
 

@@ -201,7 +201,8 @@ var _ = Describe("Triage of poisoned rows", Label("integration"), func() {
 		Expect(change(ctx, table, ActionPark, PoisonedSelector{IDs: returned, Limit: 100}, false).Changed).To(BeZero(), "parked already")
 
 		// Made due by hand, with its attempts reset, a parked row is still
-		// not claimed: the claim sends it back out of reach.
+		// not claimed, and the shelving of spent rows sends it back out of
+		// reach.
 		exec(ctx, "UPDATE "+spec.Name+" SET available_at = now() - interval '1 second', attempts = 0 WHERE id = $1", returned[0])
 		exec(ctx, "UPDATE "+spec.Name+" SET available_at = now() - interval '1 second' WHERE id::text = ANY($1)", fresh)
 		store, err := OpenStore(ctx, pool, spec)
@@ -214,7 +215,10 @@ var _ = Describe("Triage of poisoned rows", Label("integration"), func() {
 			claimed = append(claimed, r.ID)
 		}
 		Expect(claimed).To(ConsistOf(fresh))
-		Expect(count(ctx, spec.Name, "id = $1 AND available_at = 'infinity' AND claimed_by IS NULL", returned[0])).To(Equal(1))
+		shelved, err := store.ShelveSpent(ctx, triageMaxAttempts, 100)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(shelved).To(Equal(int64(1)))
+		Expect(count(ctx, spec.Name, "id = $1 AND available_at = 'infinity' AND claimed_by IS NULL AND parked_at IS NOT NULL", returned[0])).To(Equal(1))
 
 		// Retention of pending rows older than two hours drops the too-long
 		// ones, and keeps the parked ones, though they are older.

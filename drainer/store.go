@@ -465,6 +465,16 @@ func (s *Store) execBatches(ctx context.Context, stmt Statement, limit int) (int
 	}
 }
 
+// ShelveSpent shelves, in batches of limit, the due rows that are not live
+// (see Table.ShelveSpent), and returns how many.
+func (s *Store) ShelveSpent(ctx context.Context, maxAttempts, limit int) (int64, error) {
+	total, err := s.execBatches(ctx, s.table.ShelveSpent(maxAttempts, limit), limit)
+	if err != nil {
+		return total, fmt.Errorf("shelve spent rows of %s: %w", s.table.Name(), err)
+	}
+	return total, nil
+}
+
 // WakeStranded makes due, in batches of limit, the waiting rows of an
 // ordered table that nothing holds back any more, and returns how many.
 func (s *Store) WakeStranded(ctx context.Context, maxAttempts, limit int) (int64, error) {

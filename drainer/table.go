@@ -318,29 +318,31 @@ type ClaimParams struct {
 // available_at: a fresh row is due when it is enqueued, a row in backoff when
 // its backoff ends, a claimed row when its lease expires (the claim moves its
 // due time a lease ahead), and a poisoned row never ('infinity'). The claim
-// takes due rows in due order, so a retried row waits only behind rows that
-// were due before it, whatever the fresh backlog. Through the claim index on
-// (available_at) over pending rows it reads only due rows: rows in backoff,
-// poisoned rows, rows leased by others and published history all lie past
-// now() or outside the index, so a claim costs O(batch) however many of them
-// pile up.
+// takes live due rows in due order, so a retried row waits only behind rows
+// that were due before it, whatever the fresh backlog. Through the claim
+// index on (available_at) over pending rows it reads only due rows: rows in
+// backoff, poisoned rows, rows leased by others and published history all
+// lie past now() or outside the index, so a claim costs O(batch) however
+// many of them pile up.
+//
+// A due row that is not live (at maxAttempts with a finite due time: an
+// adopted table's poisoned rows, a lowered maxAttempts, a row set back by
+// hand; or a parked row made due by hand) is passed over, never locked:
+// taking such rows out of line a batch per claim kept the live rows behind
+// a million of them waiting for two thousand claims. They cost the claim a
+// look each until ShelveSpent gives them the due time they should have.
 //
 // The statement, step by step:
-//   - due: up to a batch of due rows, locked, in due order. A row at
-//     maxAttempts whose due time is finite (poisoned before due times
-//     existed, or maxAttempts lowered) is due but not live, as is a parked
-//     row someone made due by hand.
-//   - the budget: the live rows in due order, adding each payload's size,
-//     up to the first row that would take the claim over its byte budget;
-//     the first row is always taken. A payload that is cheap to size (a
-//     text or bytea, or a JSON payload stored in under 2 kB) is sized as
-//     it is found; when every live row was, the budget is a running sum.
-//     Otherwise a walk sizes each row only as it reaches it, so a large
-//     backlog of large payloads costs one row each.
+//   - live: up to a batch of live due rows, locked, in due order.
+//   - the budget: those rows in due order, adding each payload's size, up
+//     to the first row that would take the claim over its byte budget; the
+//     first row is always taken. A payload that is cheap to size (a text or
+//     bytea, or a JSON payload stored in under 2 kB) is sized as it is
+//     found; when every row was, the budget is a running sum. Otherwise a
+//     walk sizes each row only as it reaches it, so a large backlog of large
+//     payloads costs one row each.
 //   - taken: the rows within the budget, with their sizes and their places
 //     in due order. The rest stay unclaimed and are unlocked at commit.
-//   - poisoned: the due rows that are not live get 'infinity', so that no
-//     claim walks over them again.
 //   - the update stamps the lease; claimed_by names the drainer and
 //     claimed_at, the claim's transaction time, is the claim's token: every
 //     settle is fenced on both.
@@ -364,36 +366,32 @@ func (t *Table) Claim(p ClaimParams) Statement {
 		return t.claimInOrder(p)
 	}
 	args, terms := t.claimTerms(p)
-	sql := fmt.Sprintf(`WITH RECURSIVE due AS MATERIALIZED (
-	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[4]s AS live, %[14]s AS size
+	sql := fmt.Sprintf(`WITH RECURSIVE live AS MATERIALIZED (
+	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[13]s AS size
 	FROM %[1]s
-	WHERE %[5]s IS NULL AND %[3]s <= now()
+	WHERE %[5]s IS NULL AND %[3]s <= now() AND %[4]s
 	ORDER BY %[3]s
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ),
 `+claimBudget+`
-poisoned AS (
-	UPDATE %[1]s AS o SET %[3]s = 'infinity', %[7]s = NULL, %[8]s = NULL
-	WHERE %[9]s
-)
 UPDATE %[1]s AS o SET %[7]s = now(), %[8]s = $1, %[3]s = now() + $4 * interval '1 millisecond'
 FROM taken k
 WHERE `+takenRows+`
-RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN k.size <= $5 THEN o.%[10]s END, k.size, %[11]s, %[12]s, %[13]s,
-	k.n, (SELECT count(*) FROM due WHERE live)`, terms(locatedIn("due WHERE NOT live"))...)
+RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN k.size <= $5 THEN o.%[9]s END, k.size, %[10]s, %[11]s, %[12]s,
+	k.n, (SELECT count(*) FROM live)`, terms...)
 	return Statement{SQL: sql, Args: args}
 }
 
 // claimBudget is the part of the claim that sizes the live due rows and
-// keeps those within the byte budget (see Claim): from due, it makes taken.
-// It takes the claim's format arguments. The walk's lateral stays a subquery
-// (OFFSET 0): pulled up, its size became five subplans, each set up by every
-// claim, walking or not.
+// keeps those within the byte budget (see Claim): from live, the rows the
+// claim may take in due order, it makes taken. It takes the claim's format
+// arguments. The walk's lateral stays a subquery (OFFSET 0): pulled up, its
+// size became five subplans, each set up by every claim, walking or not.
 const claimBudget = `sized AS (
 	SELECT toid, tid, size, n FROM (
 		SELECT toid, tid, size, row_number() OVER w AS n, sum(CASE WHEN size <= $5 THEN size ELSE 0 END) OVER w AS bytes
-		FROM due WHERE live
+		FROM live
 		WINDOW w AS (ORDER BY due_at, tid)
 	) s
 	WHERE n = 1 OR bytes <= $6
@@ -401,7 +399,7 @@ const claimBudget = `sized AS (
 queue AS MATERIALIZED (
 	SELECT array_agg(toid ORDER BY due_at, tid) AS toids, array_agg(tid ORDER BY due_at, tid) AS tids,
 		array_agg(size ORDER BY due_at, tid) AS sizes
-	FROM due WHERE live
+	FROM live
 ),
 budget(n, bytes, size) AS (
 	SELECT 0, 0::bigint, 0::bigint
@@ -415,11 +413,11 @@ budget(n, bytes, size) AS (
 	WHERE b.n < cardinality(q.tids) AND (b.n = 0 OR b.bytes + CASE WHEN r.size <= $5 THEN r.size ELSE 0 END <= $6)
 ),
 taken AS (
-	SELECT toid, tid, size, n FROM sized WHERE (SELECT coalesce(bool_and(size IS NOT NULL), true) FROM due WHERE live)
+	SELECT toid, tid, size, n FROM sized WHERE (SELECT coalesce(bool_and(size IS NOT NULL), true) FROM live)
 	UNION ALL
 	SELECT q.toids[b.n], q.tids[b.n], b.size, b.n FROM budget b, queue q
-	WHERE b.n > 0 AND NOT (SELECT coalesce(bool_and(size IS NOT NULL), true) FROM due WHERE live)
-),`
+	WHERE b.n > 0 AND NOT (SELECT coalesce(bool_and(size IS NOT NULL), true) FROM live)
+)`
 
 // takenRows is how a claim's update finds the rows it takes (alias o) in
 // taken (alias k): all in one TID scan, matched to taken by a hash join.
@@ -432,14 +430,13 @@ taken AS (
 // nest a scan of every listed ctid inside each.
 const takenRows = "o.ctid = ANY(ARRAY(SELECT tid FROM taken)) AND o.tableoid = k.toid AND o.ctid::text = k.tid::text"
 
-// claimTerms are the claim's arguments, and its format arguments given the
-// rows the poisoned step sends out of reach: 1 the table, 2 id, 3 due time,
-// 4 live, 5 published at, 6 a payload's size, 7 claimed at, 8 claimed by,
-// 9 the poisoned rows, 10 payload, 11 routing key, 12 headers, 13 enqueued
-// at, 14 the cheap size.
-func (t *Table) claimTerms(p ClaimParams) ([]any, func(poisoned string) []any) {
+// claimTerms are the claim's arguments, and its format arguments: 1 the
+// table, 2 id, 3 due time, 4 live, 5 published at, 6 a payload's size, 7
+// claimed at, 8 claimed by, 9 payload, 10 routing key, 11 headers, 12
+// enqueued at, 13 the cheap size.
+func (t *Table) claimTerms(p ClaimParams) (args, terms []any) {
 	c := t.cols
-	args := []any{p.DrainerID, p.BatchSize, p.MaxAttempts, p.LeaseMillis, p.MaxPayloadBytes, p.MaxClaimBytes}
+	args = []any{p.DrainerID, p.BatchSize, p.MaxAttempts, p.LeaseMillis, p.MaxPayloadBytes, p.MaxClaimBytes}
 	routingKey := "o." + q(t.routingKey.Column) + "::text"
 	switch {
 	case t.routingKey.PayloadField != "":
@@ -449,22 +446,48 @@ func (t *Table) claimTerms(p ClaimParams) ([]any, func(poisoned string) []any) {
 		args = append(args, t.routingKey.Constant)
 		routingKey = "$7::text"
 	}
-	headers, enqueued, live := "NULL::jsonb", "now()", q(c.Attempts)+" < $3"
-	if c.ParkedAt != "" {
-		// A parked row is due at 'infinity' and never reaches a claim; one
-		// made due by hand is still not published, and goes back out.
-		live += " AND " + q(c.ParkedAt) + " IS NULL"
-	}
+	headers, enqueued := "NULL::jsonb", "now()"
 	if c.Headers != "" {
 		headers = "o." + q(c.Headers) + "::jsonb"
 	}
 	if c.EnqueuedAt != "" {
 		enqueued = "o." + q(c.EnqueuedAt)
 	}
-	return args, func(poisoned string) []any {
-		return []any{t.ident, q(c.ID), q(c.AvailableAt), live, q(c.PublishedAt), t.payloadSize("o"),
-			q(c.ClaimedAt), q(c.ClaimedBy), poisoned,
-			q(c.Payload), routingKey, headers, enqueued, t.cheapPayloadSize()}
+	return args, []any{t.ident, q(c.ID), q(c.AvailableAt), t.live("$3"), q(c.PublishedAt), t.payloadSize("o"),
+		q(c.ClaimedAt), q(c.ClaimedBy), q(c.Payload), routingKey, headers, enqueued, t.cheapPayloadSize()}
+}
+
+// live is the condition that a pending row (unqualified) may be claimed
+// when it is due: it has attempts left, maxAttempts being the parameter
+// maxAttempts, and it is not parked. A parked row is due at 'infinity' and
+// never reaches a claim; one made due by hand is still not published.
+func (t *Table) live(maxAttempts string) string {
+	live := q(t.cols.Attempts) + " < " + maxAttempts
+	if t.cols.ParkedAt != "" {
+		live += " AND " + q(t.cols.ParkedAt) + " IS NULL"
+	}
+	return live
+}
+
+// ShelveSpent renders one bounded batch of the shelving of spent rows: due
+// rows that are not live (see Claim) get the due time 'infinity', the one a
+// failure at maxAttempts gives, so that claims no longer pass over them. A
+// parked row keeps its parked_at, and with it its place out of the
+// poisoned count. Rows are taken in due order, the oldest first, as claims
+// meet them.
+func (t *Table) ShelveSpent(maxAttempts, limit int) Statement {
+	c := t.cols
+	return Statement{
+		SQL: fmt.Sprintf(`WITH spent AS MATERIALIZED (
+	SELECT tableoid AS toid, ctid AS tid FROM %[1]s
+	WHERE %[2]s IS NULL AND %[3]s <= now() AND NOT (%[4]s)
+	ORDER BY %[3]s
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE %[1]s AS o SET %[3]s = 'infinity', %[5]s = NULL, %[6]s = NULL WHERE %[7]s`,
+			t.ident, q(c.PublishedAt), q(c.AvailableAt), t.live("$1"), q(c.ClaimedAt), q(c.ClaimedBy), locatedIn("spent")),
+		Args: []any{maxAttempts, limit},
 	}
 }
 

@@ -201,44 +201,42 @@ func (t *Table) claimInOrder(p ClaimParams) Statement {
 		enqueued = q(c.EnqueuedAt)
 	}
 	sql := fmt.Sprintf(`WITH RECURSIVE scan AS MATERIALIZED (
-	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[4]s AS live, %[14]s AS size,
-		%[15]s AS okey, %[16]s AS oenq, %[2]s AS row_id
+	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[13]s AS size,
+		%[14]s AS okey, %[15]s AS oenq, %[2]s AS row_id
 	FROM %[1]s
-	WHERE %[5]s IS NULL AND %[3]s <= now()
+	WHERE %[5]s IS NULL AND %[3]s <= now() AND %[4]s
 	ORDER BY %[3]s
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
 ),
 due AS MATERIALIZED (
-	SELECT s.toid, s.tid, s.due_at, s.size, s.live AND h.head AS live, NOT s.live AS spent, s.live AND h.held AS waits
+	SELECT s.toid, s.tid, s.due_at, s.size, h.head, h.held AS waits
 	FROM scan s, LATERAL (
-		SELECT head, CASE WHEN head THEN false ELSE %[20]s END AS held
-		FROM (SELECT s.okey IS NULL OR (%[17]s) AS head OFFSET 0) x
+		SELECT head, CASE WHEN head THEN false ELSE %[19]s END AS held
+		FROM (SELECT s.okey IS NULL OR (%[16]s) AS head OFFSET 0) x
 	) h
 ),
-`+claimBudget+`
-poisoned AS (
-	UPDATE %[1]s AS o SET %[3]s = 'infinity', %[7]s = NULL, %[8]s = NULL
-	WHERE %[9]s
+live AS MATERIALIZED (
+	SELECT toid, tid, due_at, size FROM due WHERE head
 ),
+`+claimBudget+`,
 waiting AS (
-	UPDATE %[1]s AS o SET %[3]s = %[18]s, %[7]s = NULL, %[8]s = NULL
-	WHERE %[19]s
+	UPDATE %[1]s AS o SET %[3]s = %[17]s, %[7]s = NULL, %[8]s = NULL
+	WHERE %[18]s
 ),
 claimed AS (
 	UPDATE %[1]s AS o SET %[7]s = now(), %[8]s = $1, %[3]s = now() + $4 * interval '1 millisecond'
 	FROM taken k
 	WHERE `+takenRows+`
 	RETURNING o.%[2]s::text AS id, o.tableoid AS toid, o.ctid AS tid, o.%[7]s AS token,
-		CASE WHEN k.size <= $5 THEN o.%[10]s END AS payload, k.size, %[11]s AS routing_key, %[12]s AS headers, %[13]s AS enqueued_at,
-		o.%[15]s::text AS okey, k.n AS place
+		CASE WHEN k.size <= $5 THEN o.%[9]s END AS payload, k.size, %[10]s AS routing_key, %[11]s AS headers, %[12]s AS enqueued_at,
+		o.%[14]s::text AS okey, k.n AS place
 )
 SELECT c.id, c.toid, c.tid, c.token, c.payload, c.size, c.routing_key, c.headers, c.enqueued_at, c.okey, c.place,
-	(SELECT count(*) FROM due WHERE live), (SELECT count(*) FROM scan),
-	(SELECT count(*) FROM due WHERE NOT live AND NOT spent AND NOT waits)
+	(SELECT count(*) FROM live), (SELECT count(*) FROM scan),
+	(SELECT count(*) FROM due WHERE NOT head AND NOT waits)
 FROM (SELECT) one LEFT JOIN claimed c ON true`,
-		append(terms(locatedIn("due WHERE spent")),
-			q(t.order.key), enqueued, t.isHead("s", "$3"), waitingDue, locatedIn("due WHERE waits"), t.stillHeld("s", "$3"))...)
+		append(terms, q(t.order.key), enqueued, t.isHead("s", "$3"), waitingDue, locatedIn("due WHERE waits"), t.stillHeld("s", "$3"))...)
 	return Statement{SQL: sql, Args: args}
 }
 
