@@ -53,13 +53,20 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 		c := next
 		next = nil
 		if c.err != nil {
-			wait := retry.NextBackOff()
-			d.log.Error("Claim failed", "error", c.err, "retryIn", wait)
-			d.releaseUnread(hardStop)
+			// Never longer than a poll: a drainer the database refused is
+			// unready, and must be ready again within a poll of the cure.
+			wait := min(retry.NextBackOff(), d.cfg.PollInterval)
+			d.claimFailed(c.err, wait)
+			if refusal(c.err) == nil {
+				d.releaseUnread(hardStop)
+			}
 			p.sleep(ctx, wait)
 			continue
 		}
 		retry.Reset()
+		if streak := d.refusals.succeeded(statementClaim); streak.refused >= refusalsToUnready {
+			d.log.Info("Claims succeed again; the drainer is ready", "failedTries", streak.tries, "failingFor", time.Since(streak.since).Round(time.Millisecond))
+		}
 		full := c.claim.Full(c.size)
 		if full && !d.cfg.SerialBatches && d.brokerUsable() && !d.broker.blocked() && d.pushback.wait() == 0 {
 			next = d.claim(hardStop)
@@ -182,9 +189,23 @@ func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
 	return c
 }
 
-// releaseUnread releases the rows of a claim that failed: it may have
-// committed with its result lost on the way back, and its rows would be held
-// until their lease expires. Every claim of this drainer whose rows are not
+// claimFailed records a failed claim, and logs the first failure of a
+// streak, the one that makes the drainer unready, and then one a minute.
+func (d *Drainer) claimFailed(err error, wait time.Duration) {
+	streak, log := d.refusals.failed(statementClaim, err, time.Now())
+	switch {
+	case !log:
+	case streak.refused == refusalsToUnready:
+		d.log.Error("The database keeps refusing claims; the drainer reports itself unready until one succeeds",
+			"error", err, "tries", streak.tries, "retryIn", wait)
+	default:
+		d.log.Error("Claim failed", "error", err, "tries", streak.tries, "retryIn", wait)
+	}
+}
+
+// releaseUnread releases the rows of a claim that failed without an answer
+// from the database: it may have committed with its result lost on the way
+// back, and its rows would be held until their lease expires. Every claim of this drainer whose rows are not
 // in phase 2 or 3 is such a claim.
 func (d *Drainer) releaseUnread(hardStop context.Context) {
 	ctx, cancel := context.WithTimeout(hardStop, d.cfg.LeaseTTL/2)

@@ -83,6 +83,8 @@ type Drainer struct {
 	roster   *Roster
 	// held are the claims in phases 2 and 3.
 	held heldClaims
+	// refusals are the claims and settles the database keeps refusing.
+	refusals *refusals
 	// rotateBroker asks for a reconnect between batches: the broker URL
 	// file changed.
 	rotateBroker atomic.Bool
@@ -118,6 +120,7 @@ func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer
 		hush:     store.NotifyHush(cfg.Table),
 		roster:   store.Roster(cfg.Table),
 		held:     heldClaims{tokens: map[int64]int{}},
+		refusals: newRefusals(store.Table().Name(), metrics),
 		guard:    newCommitGuard(cfg.MaxCommitLatency),
 	}
 	d.rate = newRateCap(cfg.MaxRate, cfg.BatchSize, d.guard.allowed())
@@ -364,13 +367,17 @@ func (d *Drainer) prune(ctx context.Context, kind string, stmt Statement) int64 
 }
 
 // Ready reports why the drainer cannot drain right now, or nil: the broker
-// must be connected and not blocking, and the database must answer.
+// must be connected and not blocking, the database must answer, and must
+// not keep refusing the claims or the settles.
 func (d *Drainer) Ready(ctx context.Context) error {
 	switch b := d.current.Load(); {
 	case b == nil || !b.healthy():
 		return errors.New("broker not connected")
 	case b.blocked():
 		return errors.New("broker is blocking publishes (resource alarm)")
+	}
+	if err := d.refusals.cause(); err != nil {
+		return RedactError(err, d.cfg.Database.URL)
 	}
 	if err := d.store.Ping(ctx); err != nil {
 		return fmt.Errorf("database: %w", RedactError(err, d.cfg.Database.URL))

@@ -26,6 +26,10 @@ type Metrics struct {
 	CommitPaceCuts prometheus.Counter
 	Pruned         *prometheus.CounterVec
 	Shelved        prometheus.Counter
+	// StatementErrors and StatementFailing watch the claims and settles
+	// whose refusals make the drainer unready (see refusals).
+	StatementErrors  *prometheus.CounterVec
+	StatementFailing *prometheus.GaugeVec
 }
 
 // NewMetrics creates the collectors and registers them with reg.
@@ -65,10 +69,15 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"Rows deleted by retention, by kind (published; unpublished: past unpublishedMaxAge, never delivered).")), []string{"kind"}),
 		Shelved: prometheus.NewCounter(prometheus.CounterOpts(opts("shelved_rows_total",
 			"Due rows that were not live (at maxAttempts, or parked, with a finite due time) given the due time 'infinity', out of the claims' way."))),
+		StatementErrors: prometheus.NewCounterVec(prometheus.CounterOpts(opts("statement_errors_total",
+			"Failed claims and settles, by statement (claim, settle) and by the SQLSTATE the database answered (connection: no answer).")), []string{"statement", "sqlstate"}),
+		StatementFailing: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("statement_failing",
+			"1 while a statement (claim, settle) has been refused by the database 3 times in a row, which makes the drainer unready, with the SQLSTATE of the last refusal.")), []string{"statement", "sqlstate"}),
 	}
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
 		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.RateShare,
-		m.CommitLatency, m.CommitPace, m.CommitPaceCuts, m.Pruned, m.Shelved)
+		m.CommitLatency, m.CommitPace, m.CommitPaceCuts, m.Pruned, m.Shelved,
+		m.StatementErrors, m.StatementFailing)
 	return m
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -356,6 +357,101 @@ var _ = Describe("Liveness", Label("integration"), func() {
 })
 
 var _ = Describe("Readiness", Label("integration"), func() {
+	get := func(srv *httptest.Server, path string) func() (int, string) {
+		return func() (int, string) {
+			resp, err := http.Get(srv.URL + path)
+			Expect(err).NotTo(HaveOccurred())
+			defer resp.Body.Close()
+			body, _ := io.ReadAll(resp.Body)
+			return resp.StatusCode, string(body)
+		}
+	}
+	code := func(probe func() (int, string)) func() int {
+		return func() int { c, _ := probe(); return c }
+	}
+
+	It("is lost while the database refuses every claim, as for a renamed table, says why, and is back within a poll of the cure with every row published once", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		ledger, err := testenv.StartLedger(amqpCon, topo.Queue)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(ledger.Stop)
+		seed(ctx, spec.Name, 300)
+		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		cfg.PollInterval = time.Second
+		d := startDrainer(ctx, cfg)
+		srv := httptest.NewServer(probeMux(d.reg, d.Drainer))
+		DeferCleanup(srv.Close)
+		readyz, healthz := get(srv, "/readyz"), get(srv, "/healthz")
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		Eventually(code(readyz), drainTimeout).Should(Equal(200))
+
+		_, name := spec.QualifiedName()
+		exec(ctx, "ALTER TABLE "+spec.Name+" RENAME TO "+name+"_away")
+		renamed := time.Now()
+		exec(ctx, `INSERT INTO `+spec.Name+`_away (event_type, payload) SELECT 'order.created', '{}' FROM generate_series(1, 200)`)
+		Eventually(code(readyz), 10*time.Second, 20*time.Millisecond).Should(Equal(503))
+		GinkgoWriter.Printf("unready %s after the rename\n", time.Since(renamed).Round(time.Millisecond))
+		_, body := readyz()
+		Expect(body).To(ContainSubstring(`claims on %s fail: ERROR: relation "%s" does not exist (SQLSTATE 42P01)`, spec.Name, spec.Name))
+		Expect(body).NotTo(ContainSubstring("postgres://"))
+		Expect(testutil.ToFloat64(d.metrics.StatementFailing.WithLabelValues(statementClaim, "42P01"))).To(Equal(1.0))
+		Expect(code(healthz)()).To(Equal(200), "alive: a restart would not bring the table back")
+		Consistently(code(readyz), 2*cfg.PollInterval, 50*time.Millisecond).Should(Equal(503))
+		failures := testutil.ToFloat64(d.metrics.StatementErrors.WithLabelValues(statementClaim, "42P01"))
+		Expect(failures).To(BeNumerically(">=", 4))
+		Expect(strings.Count(string(d.logs.Contents()), `"msg":"Claim failed"`)).To(Equal(1), "the first failure is logged, not every try")
+		Expect(strings.Count(string(d.logs.Contents()), `"msg":"The database keeps refusing claims`)).To(Equal(1))
+
+		exec(ctx, "ALTER TABLE "+spec.Name+"_away RENAME TO "+name)
+		back := time.Now()
+		Eventually(code(readyz), 2*cfg.PollInterval, 10*time.Millisecond).Should(Equal(200))
+		GinkgoWriter.Printf("ready %s after the table's return (poll interval %s)\n", time.Since(back).Round(time.Millisecond), cfg.PollInterval)
+		Expect(testutil.CollectAndCount(d.metrics.StatementFailing)).To(BeZero())
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		all := ids(ctx, spec.Name, "true")
+		Expect(all).To(HaveLen(500))
+		Eventually(ledger.Missing).WithArguments(all).Should(BeZero())
+		lost, duplicates := ledger.Account(all)
+		Expect(lost).To(BeEmpty())
+		Expect(duplicates).To(BeZero())
+	})
+
+	It("is lost while the database refuses every settle, and is back once one succeeds, with no row lost", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		topo := topology("#", nil)
+		ledger, err := testenv.StartLedger(amqpCon, topo.Queue)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(ledger.Stop)
+		_, name := spec.QualifiedName()
+		refuse := testenv.UniqueName("refuse")
+		// The application's own guard, refusing to mark rows published.
+		exec(ctx, `CREATE FUNCTION `+refuse+`() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN RAISE EXCEPTION 'outbox rows are read-only today' USING ERRCODE = 'P0001'; END $$`)
+		DeferCleanup(func(ctx SpecContext) { exec(ctx, "DROP FUNCTION IF EXISTS "+refuse+"() CASCADE") })
+		exec(ctx, `CREATE TRIGGER `+name+`_refuse BEFORE UPDATE ON `+spec.Name+`
+			FOR EACH ROW WHEN (NEW.published_at IS NOT NULL) EXECUTE FUNCTION `+refuse+`()`)
+		seed(ctx, spec.Name, 100)
+		d := startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+		srv := httptest.NewServer(probeMux(d.reg, d.Drainer))
+		DeferCleanup(srv.Close)
+		readyz := get(srv, "/readyz")
+
+		Eventually(func() string { _, body := readyz(); return body }, 10*time.Second, 20*time.Millisecond).Should(
+			ContainSubstring("settles on %s fail: ERROR: outbox rows are read-only today (SQLSTATE P0001)", spec.Name))
+		Expect(code(readyz)()).To(Equal(503))
+		Expect(testutil.ToFloat64(d.metrics.StatementFailing.WithLabelValues(statementSettle, "P0001"))).To(Equal(1.0))
+
+		exec(ctx, "DROP TRIGGER "+name+"_refuse ON "+spec.Name)
+		Eventually(code(readyz), drainTimeout, 20*time.Millisecond).Should(Equal(200))
+		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		all := ids(ctx, spec.Name, "true")
+		Eventually(ledger.Missing).WithArguments(all).Should(BeZero())
+		lost, duplicates := ledger.Account(all)
+		Expect(lost).To(BeEmpty())
+		GinkgoWriter.Printf("%d duplicates of 100: rows whose mark was refused were published again once their lease ended\n", duplicates)
+	})
+
 	It("is ready once the broker is connected and the database answers, and not after the broker connection closes", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		topo := topology("#", nil)

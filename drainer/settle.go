@@ -79,7 +79,15 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 	tries := 0
 	done, err := retry(ctx, d.log, "Settle failed; retrying", func() (Settled, error) {
 		tries++
-		return d.store.Settle(ctx, d.cfg.DrainerID, st, d.cfg.failurePolicy())
+		done, err := d.store.Settle(ctx, d.cfg.DrainerID, st, d.cfg.failurePolicy())
+		if err != nil {
+			if streak, _ := d.refusals.failed(statementSettle, err, time.Now()); streak.refused == refusalsToUnready {
+				d.log.Error("The database keeps refusing settles; the drainer reports itself unready until one succeeds", "error", err)
+			}
+		} else if streak := d.refusals.succeeded(statementSettle); streak.refused >= refusalsToUnready {
+			d.log.Info("Settles succeed again; the drainer is ready", "failedTries", streak.tries)
+		}
+		return done, err
 	})
 	if err != nil {
 		d.log.Error("Settle gave up; the rows will be claimed again when their lease expires",

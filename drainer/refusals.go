@@ -1,0 +1,135 @@
+package drainer
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// A drainer whose claims or settles keep failing on the database's own
+// answer (the table renamed or dropped, a column gone, a privilege revoked,
+// a full disk) cannot drain however long it retries: after refusalsToUnready
+// such failures in a row it reports itself unready, with the answer, until
+// the statement succeeds again. A lost connection is not such an answer:
+// Ready's ping speaks for the database itself, and the cure is to wait.
+
+// refusalsToUnready is how many refusals in a row of one statement make the
+// drainer unready.
+const refusalsToUnready = 3
+
+// The statements whose refusals make the drainer unready, as metric labels.
+const (
+	statementClaim  = "claim"
+	statementSettle = "settle"
+)
+
+// refusal is the database's answer in err when it refused the statement for
+// a reason waiting out a connection would not cure, or nil.
+func refusal(err error) *pgconn.PgError {
+	var pg *pgconn.PgError
+	if !errors.As(err, &pg) {
+		return nil
+	}
+	switch {
+	case strings.HasPrefix(pg.Code, "08"), // connection exception
+		pg.Code == "57P01", pg.Code == "57P02", pg.Code == "57P03", // the server shutting down or starting up
+		pg.Code == "53300": // too many connections
+		return nil
+	}
+	return pg
+}
+
+// refusals are the failures in a row of each watched statement.
+type refusals struct {
+	table   string
+	metrics *Metrics
+	mu      sync.Mutex
+	streaks map[string]*failureStreak
+}
+
+// failureStreak is one statement's failures since its last success.
+type failureStreak struct {
+	// tries counts every failure; refused, the refusals among the latest.
+	tries, refused int
+	answer         *pgconn.PgError
+	since, logged  time.Time
+}
+
+func newRefusals(table string, metrics *Metrics) *refusals {
+	return &refusals{table: table, metrics: metrics, streaks: map[string]*failureStreak{}}
+}
+
+// failed records a failure of statement. It returns the streak as it now
+// stands, and whether the failure is worth a log line: the first of a
+// streak, the one that makes the drainer unready, and then one a minute.
+func (r *refusals) failed(statement string, err error, now time.Time) (streak failureStreak, log bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.streaks[statement]
+	if s == nil {
+		s = &failureStreak{since: now}
+		r.streaks[statement] = s
+	}
+	wasUnready := s.refused >= refusalsToUnready
+	s.tries++
+	answer := refusal(err)
+	r.metrics.StatementErrors.WithLabelValues(statement, sqlState(answer)).Inc()
+	if answer == nil {
+		s.refused = 0
+	} else {
+		s.refused++
+	}
+	if wasUnready {
+		r.metrics.StatementFailing.DeleteLabelValues(statement, s.answer.Code)
+	}
+	s.answer = answer
+	if s.refused >= refusalsToUnready {
+		r.metrics.StatementFailing.WithLabelValues(statement, answer.Code).Set(1)
+	}
+	log = s.tries == 1 || (s.refused == refusalsToUnready) || now.Sub(s.logged) >= time.Minute
+	if log {
+		s.logged = now
+	}
+	return *s, log
+}
+
+// succeeded ends statement's streak, and returns it.
+func (r *refusals) succeeded(statement string) failureStreak {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	s := r.streaks[statement]
+	if s == nil {
+		return failureStreak{}
+	}
+	if s.refused >= refusalsToUnready {
+		r.metrics.StatementFailing.DeleteLabelValues(statement, s.answer.Code)
+	}
+	delete(r.streaks, statement)
+	return *s
+}
+
+// cause says why the drainer is unready for its statements, or nil.
+func (r *refusals) cause() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, statement := range []string{statementClaim, statementSettle} {
+		if s := r.streaks[statement]; s != nil && s.refused >= refusalsToUnready {
+			return fmt.Errorf("%ss on %s fail: %s; %d tries in a row since %s", statement, r.table, s.answer.Error(), s.tries,
+				s.since.UTC().Format(time.RFC3339))
+		}
+	}
+	return nil
+}
+
+// sqlState is the SQLSTATE of a refusal, and "connection" for any other
+// failure.
+func sqlState(answer *pgconn.PgError) string {
+	if answer == nil {
+		return "connection"
+	}
+	return answer.Code
+}
