@@ -134,7 +134,8 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 
 	next := nextStatus(od, fleet, read)
 	next.Autoscaling = sized.Status.Autoscaling
-	r.Prober.ReportFleet(req.NamespacedName, meta.IsStatusConditionTrue(next.Conditions, string(v1alpha1.ConditionReady)), fleet.DesiredReplicas)
+	r.Prober.ReportFleet(req.NamespacedName, meta.IsStatusConditionTrue(next.Conditions, string(v1alpha1.ConditionReady)),
+		fleet.DesiredReplicas, next.ReadyReplicas)
 	if !equality.Semantic.DeepEqual(&od.Status, next) {
 		warnings := status.Warnings(od.Status.Conditions, next.Conditions)
 		scaled := scaleEvent(od, next)

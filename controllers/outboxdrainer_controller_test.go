@@ -1,6 +1,7 @@
 package controllers_test
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"time"
@@ -291,6 +292,44 @@ var _ = Describe("OutboxDrainer controller", Label("integration"), func() {
 			Expect(s.LastProbeTime.Time).To(And(BeTemporally(">=", read.Time), BeTemporally("<=", altered)), "the time of the last good read")
 			out := kubectl("get", "outboxdrainers", "-n", ns)
 			Expect(out).To(MatchRegexp(`\norders\s+False\s+0\s+\d+s\s*$`), "no backlog, poisoned or oldest shown: %s", out)
+		})
+
+		It("says the drainers cannot drain a table the database refuses them or that is gone, in its words, never the URL's, and recovers on its own", func(ctx SpecContext) {
+			role, password := testenv.UniqueName("drainer"), "s3cr3t-pw"
+			runSQL(ctx, "CREATE ROLE "+role+" LOGIN PASSWORD '"+password+"'")
+			DeferCleanup(func(ctx SpecContext) { runSQL(ctx, "DROP OWNED BY "+role+"; DROP ROLE "+role) })
+			runSQL(ctx, "GRANT SELECT ON "+table+" TO "+role)
+			secret(ctx, ns, "orders-db", "postgres://"+role+":"+password+"@127.0.0.1:5432/test")
+			secret(ctx, ns, "rabbit", testenv.BrokerURL())
+			Expect(k8s.Create(ctx, od)).To(Succeed())
+			_, name, _ := strings.Cut(table, ".")
+
+			refused := fmt.Sprintf("the database refuses the drainers' claims on %s: ERROR: permission denied for table %s (SQLSTATE 42501)", table, name)
+			Eventually(condition(ctx, od, v1alpha1.ConditionDatabaseReachable)).Should(And(
+				Not(BeNil()), HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "StatementRefused"), HaveField("Message", refused)))
+			Expect(condition(ctx, od, v1alpha1.ConditionReady)()).To(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "StatementRefused"), HaveField("Message", refused)))
+			Expect(condition(ctx, od, v1alpha1.ConditionStalled)()).To(HaveField("Reason", "StatementRefused"))
+			Expect(get(ctx, od.DeepCopy()).Status.Backlog).To(Equal(ptr.To(int64(4))), "the outbox itself could be read")
+			Eventually(events(ctx, od)).Should(ContainElement("Warning StatementRefused: " + refused))
+
+			runSQL(ctx, "GRANT UPDATE ON "+table+" TO "+role)
+			Eventually(condition(ctx, od, v1alpha1.ConditionDatabaseReachable)).WithTimeout(statusInterval + 5*time.Second).
+				Should(HaveField("Reason", "OutboxRead"))
+			Expect(condition(ctx, od, v1alpha1.ConditionReady)()).To(HaveField("Reason", "ReplicasNotReady"), "envtest runs no pods")
+
+			runSQL(ctx, "ALTER TABLE "+table+" RENAME TO "+name+"_away")
+			gone := fmt.Sprintf(`table %s: ERROR: relation "%s" does not exist (SQLSTATE 42P01); run spillway migrate to create it`, table, table)
+			Eventually(condition(ctx, od, v1alpha1.ConditionReady)).WithTimeout(statusInterval + 5*time.Second).Should(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "TableNotUsable"), HaveField("Message", gone)))
+			runSQL(ctx, "ALTER TABLE "+table+"_away RENAME TO "+name)
+			Eventually(condition(ctx, od, v1alpha1.ConditionDatabaseReachable)).WithTimeout(2*statusInterval+5*time.Second).
+				Should(HaveField("Reason", "OutboxRead"), "read again within the failing read's backoff")
+
+			for _, c := range get(ctx, od.DeepCopy()).Status.Conditions {
+				Expect(c.Message).NotTo(ContainSubstring(password))
+			}
+			Expect(events(ctx, od)()).To(HaveEach(Not(ContainSubstring(password))))
 		})
 
 		It("says which column a table lacks", func(ctx SpecContext) {

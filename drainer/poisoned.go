@@ -176,21 +176,6 @@ func (t *Table) idRule(id string) string {
 	return ""
 }
 
-// ResolveOutbox reads the spec's table from the catalog and resolves it
-// against the mapping. A table that does not fit is an *UnusableTableError:
-// trying again will not change it, fixing the mapping or migrating will.
-func ResolveOutbox(ctx context.Context, db Querier, spec TableSpec) (*Table, error) {
-	cols, err := Catalog(ctx, db, spec)
-	if err != nil {
-		return nil, err
-	}
-	table, err := ResolveTable(spec, cols)
-	if err != nil {
-		return nil, &UnusableTableError{Err: err}
-	}
-	return table, nil
-}
-
 // PoisonedRow is one row of a listing.
 type PoisonedRow struct {
 	ID       string

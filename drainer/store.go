@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
@@ -158,6 +159,77 @@ func Catalog(ctx context.Context, db Querier, spec TableSpec) ([]CatalogColumn, 
 		return nil, fmt.Errorf("read columns of %s: %w", spec.Name, err)
 	}
 	return cols, nil
+}
+
+// ResolveOutbox reads the spec's table from the catalog and resolves it
+// against the mapping. A table that does not exist or does not fit is an
+// *UnusableTableError: trying again will not change it, fixing the mapping
+// or migrating will. A missing table is named by the database's own answer,
+// with its SQLSTATE, as a drainer's claim would be.
+func ResolveOutbox(ctx context.Context, db Querier, spec TableSpec) (*Table, error) {
+	cols, err := Catalog(ctx, db, spec)
+	if err != nil {
+		return nil, err
+	}
+	if len(cols) == 0 {
+		if err := lookUpTable(ctx, db, spec); err != nil {
+			if refusal(err) == nil {
+				return nil, err
+			}
+			return nil, &UnusableTableError{Err: fmt.Errorf("table %s: %w; run spillway migrate to create it", spec.Name, err)}
+		}
+	}
+	table, err := ResolveTable(spec, cols)
+	if err != nil {
+		return nil, &UnusableTableError{Err: err}
+	}
+	return table, nil
+}
+
+// lookUpTable asks the database for the spec's table, which answers with
+// an error when there is none.
+func lookUpTable(ctx context.Context, db Querier, spec TableSpec) error {
+	stmt := spec.TableQuery()
+	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+// StatementRefusedError is a statement of the drainers' that the database
+// refuses for their table: a privilege revoked, a column gone.
+type StatementRefusedError struct {
+	// Statement is claim or settle.
+	Statement string
+	Table     string
+	Answer    *pgconn.PgError
+}
+
+func (e *StatementRefusedError) Error() string {
+	return fmt.Sprintf("the database refuses the drainers' %ss on %s: %s", e.Statement, e.Table, e.Answer.Error())
+}
+
+// Rehearse has the database plan the drainers' claim and settles on t
+// without running them (see Table.Rehearsal), so that a read-only
+// transaction with the drainers' credentials learns whether they would be
+// refused: a *StatementRefusedError.
+func Rehearse(ctx context.Context, db Querier, t *Table, maxAttempts int) error {
+	for _, r := range t.Rehearsal(maxAttempts) {
+		rows, err := db.Query(ctx, r.SQL, r.Args...)
+		if err == nil {
+			rows.Close()
+			err = rows.Err()
+		}
+		if answer := refusal(err); answer != nil {
+			return &StatementRefusedError{Statement: r.Name, Table: t.name, Answer: answer}
+		}
+		if err != nil {
+			return fmt.Errorf("rehearse the drainers' %ss on %s: %w", r.Name, t.name, err)
+		}
+	}
+	return nil
 }
 
 // Querier is what Catalog needs: a pool or a single connection.

@@ -491,6 +491,30 @@ UPDATE %[1]s AS o SET %[3]s = 'infinity', %[5]s = NULL, %[6]s = NULL WHERE %[7]s
 	}
 }
 
+// NamedStatement is a statement and what it is, for messages.
+type NamedStatement struct {
+	Name string
+	Statement
+}
+
+// Rehearsal renders the drainers' claim and settles under EXPLAIN, named
+// claim and settle: the database plans each, checking the table, the
+// columns and the privileges it needs, and runs none. So even a read-only
+// transaction can rehearse them.
+func (t *Table) Rehearsal(maxAttempts int) []NamedStatement {
+	explain := func(name string, s Statement) NamedStatement {
+		s.SQL = "EXPLAIN " + s.SQL
+		return NamedStatement{Name: name, Statement: s}
+	}
+	const drainer = "rehearsal"
+	claim := ClaimParams{DrainerID: drainer, BatchSize: 1, MaxAttempts: maxAttempts, LeaseMillis: 1, MaxPayloadBytes: 1, MaxClaimBytes: 1}
+	return []NamedStatement{
+		explain(statementClaim, t.Claim(claim)),
+		explain(statementSettle, t.MarkPublished(drainer, nil)),
+		explain(statementSettle, t.RecordFailures(drainer, nil, []string{}, FailurePolicy{InitialMillis: 1, MaxMillis: 1, MaxAttempts: maxAttempts})),
+	}
+}
+
 // payloadSize is the size of the payload of the row aliased alias as the
 // drainer receives it: a JSON payload as its text.
 func (t *Table) payloadSize(alias string) string {

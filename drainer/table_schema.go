@@ -25,6 +25,14 @@ ORDER BY a.attnum`,
 	}
 }
 
+// TableQuery renders a look-up of the spec's table that the database
+// answers with an error when there is none: relation does not exist
+// (SQLSTATE 42P01).
+func (s TableSpec) TableQuery() Statement {
+	schema, name := s.QualifiedName()
+	return Statement{SQL: "SELECT $1::regclass", Args: []any{pgx.Identifier{schema, name}.Sanitize()}}
+}
+
 // objectName names an object spillway adds beside the table (an index, a
 // trigger) as the table's name plus a suffix, within Postgres's 63-byte limit.
 func (s TableSpec) objectName(suffix string) string {

@@ -8,11 +8,14 @@ const (
 	// ConditionReady is True when every desired drainer is ready and the
 	// outbox was read. Otherwise it is False with the first reason that
 	// applies: ResourceConflict, Paused, ScaledToZero, SecretNotFound,
-	// OutboxNotReadYet, DatabaseUnreachable, ReplicasNotReady.
+	// OutboxNotReadYet, TableNotUsable or StatementRefused (the drainers
+	// cannot drain the table), DatabaseUnreachable, ReplicasNotReady.
 	ConditionReady ConditionType = "Ready"
 	// ConditionDatabaseReachable is True when the last read of the outbox
 	// succeeded, and False with the reason it did not: SecretNotFound,
-	// InvalidDatabaseURL, ConnectionFailed, TableNotUsable, QueryFailed.
+	// InvalidDatabaseURL, ConnectionFailed, TableNotUsable, QueryFailed; or
+	// StatementRefused, when the outbox was read but the database refuses
+	// the drainers' claims or settles (a privilege revoked, a column gone).
 	ConditionDatabaseReachable ConditionType = "DatabaseReachable"
 	// ConditionProgressing is True while the Deployment rolls out or scales,
 	// and False once it is done (RolloutComplete) or has given up
@@ -26,8 +29,8 @@ const (
 	// ConditionStalled is True when the fleet cannot make progress without
 	// someone's help: an object of the same name it does not control
 	// (ResourceConflict), a missing Secret (SecretNotFound), a database URL
-	// or table it cannot use (InvalidDatabaseURL, TableNotUsable), or a
-	// stuck rollout (ProgressDeadlineExceeded). kstatus reads it as Failed.
+	// or table it cannot use (InvalidDatabaseURL, TableNotUsable,
+	// StatementRefused), or a stuck rollout (ProgressDeadlineExceeded). kstatus reads it as Failed.
 	ConditionStalled ConditionType = "Stalled"
 	// ConditionReconciling is True while the fleet is on its way to Ready
 	// on its own: rolling out (RollingOut), drainers starting
@@ -49,6 +52,7 @@ const (
 	ReasonInvalidDatabaseURL       = "InvalidDatabaseURL"
 	ReasonConnectionFailed         = "ConnectionFailed"
 	ReasonTableNotUsable           = "TableNotUsable"
+	ReasonStatementRefused         = "StatementRefused"
 	ReasonQueryFailed              = "QueryFailed"
 	ReasonRollingOut               = "RollingOut"
 	ReasonRolloutComplete          = "RolloutComplete"

@@ -116,6 +116,8 @@ type entry struct {
 	failures int
 	// url is the database URL of the last read, whose pool it keeps open.
 	url string
+	// readyReplicas is the fleet's ready drainers, as last reported.
+	readyReplicas int32
 }
 
 // Prober reads the outboxes of the fleets the reconciler registers.
@@ -205,14 +207,24 @@ func (p *Prober) Forget(key types.NamespacedName) {
 }
 
 // ReportFleet publishes a fleet's Ready condition and its desired size
-// beside its outbox's numbers, so one scrape has them all.
-func (p *Prober) ReportFleet(key types.NamespacedName, ready bool, desired int32) {
+// beside its outbox's numbers, so one scrape has them all. A change in how
+// many of its drainers are ready is read at once: a drainer turns unready
+// when the database refuses it, and ready again once it stops, and the
+// read tells the fleet's status why, or that it is over, without waiting
+// out the interval or a failing read's backoff.
+func (p *Prober) ReportFleet(key types.NamespacedName, ready bool, desired, readyReplicas int32) {
 	v := 0.0
 	if ready {
 		v = 1
 	}
 	p.metrics.Ready.WithLabelValues(key.Namespace, key.Name).Set(v)
 	p.metrics.DesiredReplicas.WithLabelValues(key.Namespace, key.Name).Set(float64(desired))
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e, ok := p.entries[key]; ok && e.readyReplicas != readyReplicas {
+		e.readyReplicas = readyReplicas
+		p.queue.Add(key)
+	}
 }
 
 // NeedLeaderElection is true: only the leader reads outboxes.

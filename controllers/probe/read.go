@@ -70,7 +70,9 @@ func secretValue(ctx context.Context, secrets client.Reader, namespace, what str
 }
 
 // queryOutbox reads the outbox's health on a pooled connection, in a
-// read-only transaction whose statements the server stops at the timeout.
+// read-only transaction whose statements the server stops at the timeout,
+// and rehearses the drainers' statements, which the database may refuse
+// though it lets the outbox be read.
 // The messages it returns never include the URL's password, nor do the
 // poisoned rows' last errors include either URL's.
 func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL string) (reason, message string, outbox *drainer.OutboxStatus) {
@@ -103,13 +105,11 @@ func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL strin
 	if _, err := tx.Exec(ctx, limits.SQL, limits.Args...); err != nil {
 		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
-	columns, err := drainer.Catalog(ctx, tx, spec)
-	if err != nil {
-		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
-	}
-	resolved, err := drainer.ResolveTable(spec, columns)
-	if err != nil {
+	resolved, err := drainer.ResolveOutbox(ctx, tx, spec)
+	if unusable := (*drainer.UnusableTableError)(nil); errors.As(err, &unusable) {
 		return v1alpha1.ReasonTableNotUsable, err.Error(), nil
+	} else if err != nil {
+		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
 	o, err := drainer.ReadBoundedOutboxStatus(ctx, tx, resolved, t.MaxAttempts, p.opts.CountLimit, url, brokerURL)
 	if err != nil {
@@ -121,6 +121,14 @@ func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL strin
 			return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
 		}
 		o.Blocked = &blocked
+	}
+	// Last, since a refused rehearsal ends the transaction: the numbers
+	// are read, and go with the refusal.
+	if err := drainer.Rehearse(ctx, tx, resolved, t.MaxAttempts); err != nil {
+		if refused := (*drainer.StatementRefusedError)(nil); errors.As(err, &refused) {
+			return v1alpha1.ReasonStatementRefused, err.Error(), &o
+		}
+		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
 	_ = tx.Rollback(ctx)
 	p.releaseDead(ctx, conn, resolved, t, url)

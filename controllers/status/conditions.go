@@ -92,6 +92,8 @@ func Ready(f Fleet, missingSecrets []string, database metav1.Condition) metav1.C
 		return notReady(v1alpha1.ReasonSecretNotFound, strings.Join(missingSecrets, "; "))
 	case database.Type == "":
 		return notReady(v1alpha1.ReasonOutboxNotReadYet, "The outbox has not been read yet")
+	case database.Status != metav1.ConditionTrue && undrainable[database.Reason]:
+		return notReady(database.Reason, database.Message)
 	case database.Status != metav1.ConditionTrue:
 		return notReady(v1alpha1.ReasonDatabaseUnreachable, database.Message)
 	case ready < f.DesiredReplicas:
@@ -100,6 +102,10 @@ func Ready(f Fleet, missingSecrets []string, database metav1.Condition) metav1.C
 	return condition(v1alpha1.ConditionReady, metav1.ConditionTrue, f.Generation, v1alpha1.ReasonAllReplicasReady,
 		fmt.Sprintf("%d of %d drainers are ready", ready, f.DesiredReplicas))
 }
+
+// undrainable are the reasons of a database that answers, but whose table
+// the drainers cannot drain: Ready says so in those words.
+var undrainable = map[string]bool{v1alpha1.ReasonTableNotUsable: true, v1alpha1.ReasonStatementRefused: true}
 
 // Progressing says whether the Deployment is still rolling out or scaling.
 func Progressing(f Fleet) metav1.Condition {
@@ -153,6 +159,7 @@ var stalledReasons = map[string]bool{
 	v1alpha1.ReasonSecretNotFound:           true,
 	v1alpha1.ReasonInvalidDatabaseURL:       true,
 	v1alpha1.ReasonTableNotUsable:           true,
+	v1alpha1.ReasonStatementRefused:         true,
 	v1alpha1.ReasonProgressDeadlineExceeded: true,
 }
 
@@ -206,6 +213,7 @@ var warningReasons = map[string]bool{
 	v1alpha1.ReasonInvalidDatabaseURL:       true,
 	v1alpha1.ReasonConnectionFailed:         true,
 	v1alpha1.ReasonTableNotUsable:           true,
+	v1alpha1.ReasonStatementRefused:         true,
 	v1alpha1.ReasonQueryFailed:              true,
 	v1alpha1.ReasonProgressDeadlineExceeded: true,
 	v1alpha1.ReasonPoisonedRows:             true,

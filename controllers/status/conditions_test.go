@@ -77,11 +77,24 @@ var _ = Describe("Conditions", func() {
 		})
 
 		It("carries the database's message when the outbox cannot be read", func() {
-			unreachable := metav1.Condition{Type: "DatabaseReachable", Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonTableNotUsable, Message: "table public.outbox does not exist"}
+			unreachable := metav1.Condition{Type: "DatabaseReachable", Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonConnectionFailed, Message: "Connect to postgres://app@db/shop: connection refused"}
 			Expect(Ready(fleet(3), nil, unreachable)).To(And(
 				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "DatabaseUnreachable"),
-				HaveField("Message", "table public.outbox does not exist")))
+				HaveField("Message", "Connect to postgres://app@db/shop: connection refused")))
 		})
+
+		DescribeTable("says the drainers cannot drain the table, in the database's words, when it answers but refuses them",
+			func(reason, message string) {
+				refused := metav1.Condition{Type: "DatabaseReachable", Status: metav1.ConditionFalse, Reason: reason, Message: message}
+				Expect(Ready(fleet(3), nil, refused)).To(And(
+					HaveField("Status", metav1.ConditionFalse), HaveField("Reason", reason), HaveField("Message", message)))
+				Expect(Stalled(7, Ready(fleet(3), nil, refused), refused, metav1.Condition{}).Status).To(Equal(metav1.ConditionTrue), "until someone helps")
+			},
+			Entry("the table is gone", v1alpha1.ReasonTableNotUsable,
+				`table public.outbox: ERROR: relation "public.outbox" does not exist (SQLSTATE 42P01); run spillway migrate to create it`),
+			Entry("a privilege is revoked", v1alpha1.ReasonStatementRefused,
+				"the database refuses the drainers' claims on public.outbox: ERROR: permission denied for table outbox (SQLSTATE 42501)"),
+		)
 
 		It("says the outbox has not been read yet before the first read", func() {
 			Expect(Ready(fleet(3), nil, metav1.Condition{})).To(And(
@@ -121,7 +134,7 @@ var _ = Describe("Conditions", func() {
 			},
 			Entry("another object holds a child's name", notReady("ResourceConflict"), reachable, done, "ResourceConflict"),
 			Entry("a Secret is missing", notReady("SecretNotFound"), reachable, done, "SecretNotFound"),
-			Entry("the table does not fit the mapping", notReady("DatabaseUnreachable"),
+			Entry("the table does not fit the mapping", notReady("TableNotUsable"),
 				metav1.Condition{Type: "DatabaseReachable", Status: metav1.ConditionFalse, Reason: "TableNotUsable"}, done, "TableNotUsable"),
 			Entry("the rollout gave up", notReady("ReplicasNotReady"), reachable,
 				metav1.Condition{Type: "Progressing", Status: metav1.ConditionFalse, Reason: "ProgressDeadlineExceeded"}, "ProgressDeadlineExceeded"),

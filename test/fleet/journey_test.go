@@ -584,6 +584,12 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 			})
 		})
 
+		It("goes unready while its outbox table is renamed away, says why in /readyz and in its Ready condition, and drains again once it is back, losing nothing", func(ctx SpecContext) {
+			f := renameAway(ctx, outbox, ledger)
+			faults = append(faults, f)
+			Expect(f.lost).To(BeEmpty(), "events lost:\n%s", f.timeline)
+		})
+
 		It("garbage-collects a deleted OutboxDrainer's Deployment, pods, ServiceAccount, Service and PodDisruptionBudget, and loses no event", func(ctx SpecContext) {
 			check(ctx, "OutboxDrainer deleted, then applied again", func(ctx context.Context, f *fault) {
 				od := outboxDrainer(ctx)

@@ -262,6 +262,23 @@ func (n *Node) Signal(namespace, pod, name string, sig syscall.Signal) error {
 	return fmt.Errorf("container %s of pod %s/%s is not running", name, namespace, pod)
 }
 
+// Dial connects to addr inside a pod's network namespace, as kubectl
+// port-forward reaches a pod's port: a test reads a container's own
+// endpoints with it.
+func (n *Node) Dial(ctx context.Context, namespace, pod, addr string) (net.Conn, error) {
+	p := n.pod(namespace, pod)
+	if p == nil {
+		return nil, fmt.Errorf("pod %s/%s does not run on node %s", namespace, pod, n.cfg.Name)
+	}
+	p.mu.Lock()
+	ns := p.netns
+	p.mu.Unlock()
+	if ns == nil {
+		return nil, fmt.Errorf("pod %s/%s has no network namespace yet", namespace, pod)
+	}
+	return dialIn(ctx, ns, addr)
+}
+
 // Stop stops the node, then ends every pod, giving each container grace
 // after SIGTERM. The pods' objects stay in the API server as they were: a
 // node that stops reports nothing more.

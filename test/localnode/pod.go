@@ -185,7 +185,9 @@ func (p *podRuntime) trySetUp() error {
 			ns.Close()
 			return err
 		}
+		p.mu.Lock() // Node.Dial reads it
 		p.netns, p.fwd = ns, fwd
+		p.mu.Unlock()
 	}
 	return nil
 }
