@@ -241,7 +241,7 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	}
 	// The dial reads the URL file afresh.
 	d.rotateBroker.Store(false)
-	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (*brokerChannel, error) {
+	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", newRetryBackoff(), func() (*brokerChannel, error) {
 		return dialBroker(hardStop, d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth, d.cfg.MaxPayloadBytes, d.log, d.poke)
 	}, d.liveness.beat)
 	if err != nil {

@@ -116,13 +116,17 @@ func (r *refusals) succeeded(statement string) failureStreak {
 func (r *refusals) cause() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	var causes []string
 	for _, statement := range []string{statementClaim, statementSettle} {
 		if s := r.streaks[statement]; s != nil && s.refused >= refusalsToUnready {
-			return fmt.Errorf("%ss on %s fail: %s; %d tries in a row since %s", statement, r.table, s.answer.Error(), s.tries,
-				s.since.UTC().Format(time.RFC3339))
+			causes = append(causes, fmt.Sprintf("%ss on %s fail: %s; %d tries in a row since %s", statement, r.table, s.answer.Error(), s.tries,
+				s.since.UTC().Format(time.RFC3339)))
 		}
 	}
-	return nil
+	if len(causes) == 0 {
+		return nil
+	}
+	return errors.New(strings.Join(causes, "; "))
 }
 
 // sqlState is the SQLSTATE of a refusal, and "connection" for any other

@@ -77,7 +77,11 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 	ctx, cancel := context.WithTimeout(ctx, d.cfg.LeaseTTL)
 	defer cancel()
 	tries := 0
-	done, err := retry(ctx, d.log, "Settle failed; retrying", func() (Settled, error) {
+	// Never longer than a poll between tries: a drainer the database
+	// refused is unready, and must be ready again within a poll of the cure.
+	every := newRetryBackoff()
+	every.MaxInterval = min(every.MaxInterval, d.cfg.PollInterval*2/3) // and its jitter of a half
+	done, err := retry(ctx, d.log, "Settle failed; retrying", every, func() (Settled, error) {
 		tries++
 		done, err := d.store.Settle(ctx, d.cfg.DrainerID, st, d.cfg.failurePolicy())
 		if err != nil {

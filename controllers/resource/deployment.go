@@ -103,10 +103,12 @@ func (b *DeploymentBuilder) spec() appsv1.DeploymentSpec {
 					}}, withoutEnv(overlay.Env, "POD_NAME")...),
 					Ports:     []corev1.ContainerPort{{Name: MetricsPortName, ContainerPort: MetricsPort, Protocol: corev1.ProtocolTCP}},
 					Resources: resources(od.Spec.Resources),
-					// Alive while the process serves; ready once the database
-					// and the broker are connected.
+					// Alive while the process serves; ready while the database
+					// and the broker are connected and the database does not
+					// refuse the claims or the settles. Readiness is asked
+					// every 2 s: the fleet's Ready condition follows it.
 					LivenessProbe:  httpProbe("/healthz", 10, 3),
-					ReadinessProbe: httpProbe("/readyz", 5, 2),
+					ReadinessProbe: httpProbe("/readyz", 2, 2),
 					SecurityContext: &corev1.SecurityContext{
 						AllowPrivilegeEscalation: ptr.To(false),
 						ReadOnlyRootFilesystem:   ptr.To(true),

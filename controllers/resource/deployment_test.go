@@ -117,6 +117,8 @@ var _ = Describe("The drainer Deployment", func() {
 		Expect(c.Ports).To(ConsistOf(corev1.ContainerPort{Name: "metrics", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}))
 		Expect(c.LivenessProbe.HTTPGet).To(Equal(&corev1.HTTPGetAction{Path: "/healthz", Port: intstr.FromString("metrics")}))
 		Expect(c.ReadinessProbe.HTTPGet).To(Equal(&corev1.HTTPGetAction{Path: "/readyz", Port: intstr.FromString("metrics")}))
+		Expect(c.ReadinessProbe.PeriodSeconds*c.ReadinessProbe.FailureThreshold).To(BeNumerically("<=", 5),
+			"a drainer the database refuses turns unready within seconds")
 	})
 
 	It("runs restricted: non-root, read-only root filesystem, no capabilities, RuntimeDefault seccomp, no API token", func() {
