@@ -165,6 +165,9 @@ func DrainCommand(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	for _, note := range store.Notes() {
+		log.Warn(note)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d, err := New(cfg, store, NewMetrics(reg), log)

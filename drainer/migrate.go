@@ -3,6 +3,7 @@ package drainer
 import (
 	"context"
 	"fmt"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -83,15 +84,23 @@ func ensureIndex(ctx context.Context, pool *pgxpool.Pool, def IndexDef, rel Rela
 	if found && !shape.OnTable {
 		return nil, fmt.Errorf("index %s belongs to another table than %s: rename it, and run migrate again", name, rel)
 	}
+	var done []string
+	switch {
+	case found && shape.Valid && def.Superseded(shape) && !rel.Partitioned && parent == nil:
+		if err := rebuildIndex(ctx, pool, def, rel); err != nil {
+			return nil, err
+		}
+		done = append(done, fmt.Sprintf("rebuilt index %s on (%s)", name, strings.Join(def.Columns, ", ")))
 	// A partitioned parent's index is invalid until every partition's is
-	// attached, which is what the rest of this does.
-	if found && (!def.Matches(shape) || (!shape.Valid && !rel.Partitioned)) {
+	// attached, which is what the rest of this does. Postgres drops a
+	// partitioned index with its partitions', and builds no partitioned
+	// index concurrently: its rebuild is a drop and a create.
+	case found && (!def.Matches(shape) || (!shape.Valid && !rel.Partitioned)):
 		if err := execStatement(ctx, pool, def.Drop(rel)); err != nil {
 			return nil, fmt.Errorf("drop index %s, which is invalid or not the one migrate builds: %w", name, err)
 		}
 		found = false
 	}
-	var done []string
 	if !found {
 		if err := execStatement(ctx, pool, def.Create(rel)); err != nil {
 			return nil, fmt.Errorf("create index %s: %w", name, err)
@@ -119,6 +128,28 @@ func ensureIndex(ctx context.Context, pool *pgxpool.Pool, def IndexDef, rel Rela
 		}
 	}
 	return done, nil
+}
+
+// rebuildIndex replaces the index that def supersedes on rel, a plain
+// table, with def: built concurrently beside it, then swapped in, so that
+// claims never go without one. A rebuild an earlier run left, perhaps
+// invalid, is dropped first.
+func rebuildIndex(ctx context.Context, pool *pgxpool.Pool, def IndexDef, rel Relation) error {
+	rebuild := def.Rebuild()
+	for _, step := range []struct {
+		what string
+		stmt Statement
+	}{
+		{"drop an earlier rebuild of", rebuild.Drop(rel)},
+		{"build the new", rebuild.Create(rel)},
+		{"drop the superseded", def.Drop(rel)},
+		{"rename into place the new", def.RenameRebuilt(rel)},
+	} {
+		if err := execStatement(ctx, pool, step.stmt); err != nil {
+			return fmt.Errorf("rebuild index %s: %s index: %w", rel.objectName(def.Suffix), step.what, err)
+		}
+	}
+	return nil
 }
 
 // lookUpRelation reads the kind of the spec's table.

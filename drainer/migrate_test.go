@@ -2,6 +2,8 @@ package drainer
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -34,7 +36,7 @@ var _ = Describe("Migrate", Label("integration"), func() {
 		Expect(done).To(ConsistOf("created table "+spec.Name, "created index "+spec.objectName(claimIndexSuffix),
 			"created index "+spec.objectName(publishedIndexSuffix)))
 		before := schemaOf(ctx, spec.Name)
-		Expect(before).To(ContainElement(ContainSubstring("(available_at) WHERE (published_at IS NULL)")))
+		Expect(before).To(ContainElement(ContainSubstring("(available_at, attempts) WHERE (published_at IS NULL)")))
 		Expect(before).To(ContainElement(ContainSubstring("(published_at) WHERE (published_at IS NOT NULL)")))
 		Expect(count(ctx, "pg_class", "oid = to_regclass($1) AND reloptions @> '{fillfactor=50}'", spec.Name)).To(Equal(1),
 			"room on each page for claims to be HOT updates")
@@ -107,9 +109,41 @@ var _ = Describe("Migrate", Label("integration"), func() {
 		done, err := Migrate(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(done).To(ConsistOf("created index " + spec.objectName(claimIndexSuffix)))
-		Expect(schemaOf(ctx, spec.Name)).To(ContainElement(ContainSubstring("(available_at) WHERE (published_at IS NULL)")))
+		Expect(schemaOf(ctx, spec.Name)).To(ContainElement(ContainSubstring("(available_at, attempts) WHERE (published_at IS NULL)")))
 		_, err = OpenStore(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
+	})
+
+	It("rebuilds the claim index of the last release, on the due time alone, beside it, and a drainer drains through it meanwhile", func(ctx SpecContext) {
+		spec := canonicalOutbox(ctx)
+		name := spec.objectName(claimIndexSuffix)
+		exec(ctx, "DROP INDEX public."+name)
+		exec(ctx, "CREATE INDEX "+name+" ON "+spec.Name+" (available_at) WHERE published_at IS NULL")
+		// A rebuild an interrupted run left behind, invalid.
+		exec(ctx, "CREATE INDEX "+name+"_rebuild ON "+spec.Name+" (available_at, attempts) WHERE published_at IS NULL")
+		exec(ctx, "UPDATE pg_index SET indisvalid = false WHERE indexrelid = to_regclass($1)", "public."+name+"_rebuild")
+		store, err := OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(store.Notes()).To(ConsistOf(fmt.Sprintf("index %s on %s is on (available_at), as an earlier release built it: claims read the rows they pass over from the table; "+
+			"run spillway migrate, which rebuilds it on (available_at, attempts)", name, spec.Name)))
+		seed(ctx, spec.Name, 3)
+		c, err := store.Claim(ctx, claimParams("drainer-a", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(c.Rows).To(HaveLen(3))
+
+		done, err := Migrate(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done).To(ConsistOf("rebuilt index " + name + " on (available_at, attempts)"))
+		indexes := schemaOf(ctx, spec.Name)
+		Expect(indexes).To(ContainElement(ContainSubstring(name + " ON public." + strings.TrimPrefix(spec.Name, "public.") + " USING btree (available_at, attempts) WHERE (published_at IS NULL)")))
+		Expect(indexes).NotTo(ContainElement(ContainSubstring("_rebuild")))
+		Expect(count(ctx, "pg_index", "indexrelid = to_regclass($1) AND indisvalid", "public."+name)).To(Equal(1))
+		store, err = OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(store.Notes()).To(BeEmpty())
+		done, err = Migrate(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done).To(BeEmpty())
 	})
 
 	It("refuses a table without a payload column rather than inventing one", func(ctx SpecContext) {

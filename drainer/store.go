@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,6 +76,7 @@ func (c Claim) Leases() []Lease {
 type Store struct {
 	pool  *pgxpool.Pool
 	table *Table
+	notes []string
 }
 
 // ConnectPool opens a pool whose sessions name the drainer in
@@ -246,14 +248,19 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) (*Store,
 	if err != nil {
 		return nil, err
 	}
-	if err := checkDrainable(ctx, pool, spec, table); err != nil {
+	notes, err := checkDrainable(ctx, pool, spec, table)
+	if err != nil {
 		return nil, err
 	}
 	if table.settleByID, err = idIndexed(ctx, pool, table); err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, table: table}, nil
+	return &Store{pool: pool, table: table, notes: notes}, nil
 }
+
+// Notes are what the table lacks that the drainer drains without, and that
+// spillway migrate would add: each worth a warning.
+func (s *Store) Notes() []string { return s.notes }
 
 // UnusableTableError is a table the drainer cannot drain as it is: waiting
 // will not change it, running migrate or fixing the mapping will.
@@ -264,40 +271,45 @@ func (e *UnusableTableError) Unwrap() error { return e.Err }
 
 // checkDrainable refuses a table migrate has not finished: no due-time
 // column, a nullable one, or a claim or published index missing, invalid,
-// or of another shape than migrate builds.
-func checkDrainable(ctx context.Context, db Querier, spec TableSpec, t *Table) error {
+// or of another shape than migrate builds. An index of the shape an
+// earlier release built is drained through, with a note.
+func checkDrainable(ctx context.Context, db Querier, spec TableSpec, t *Table) (notes []string, err error) {
 	path := field.NewPath("database")
 	if t.cols.AvailableAt == "" {
-		return &UnusableTableError{Err: field.NotFound(path.Child("columns", "availableAt"),
+		return nil, &UnusableTableError{Err: field.NotFound(path.Child("columns", "availableAt"),
 			fmt.Sprintf("%s in %s: every row's due time; run spillway migrate, which adds it", spec.Columns.physical("availableAt"), t.name))}
 	}
 	if !t.dueNotNull {
-		return &UnusableTableError{Err: field.Invalid(path.Child("columns", "availableAt"), t.cols.AvailableAt,
+		return nil, &UnusableTableError{Err: field.Invalid(path.Child("columns", "availableAt"), t.cols.AvailableAt,
 			fmt.Sprintf("must be NOT NULL with a default (now()) in %s: a row with a NULL due time would never be claimed", t.name))}
 	}
 	rel, err := lookUpRelation(ctx, db, spec)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, def := range t.Indexes() {
 		shape, found, err := lookUpIndex(ctx, db, def, rel)
 		if err != nil {
-			return err
+			return nil, err
 		}
+		name := rel.objectName(def.Suffix)
 		problem := ""
 		switch {
 		case !found:
 			problem = "is missing"
-		case !def.Matches(shape):
-			problem = "is not the index migrate builds"
 		case !shape.Valid:
 			problem = "is not valid (an interrupted build, or a partition without it)"
+		case def.Superseded(shape):
+			notes = append(notes, fmt.Sprintf("index %s on %s is on (%s), as an earlier release built it: claims read the rows they pass over from the table; run spillway migrate, which rebuilds it on (%s)",
+				name, t.name, strings.Join(def.Supersedes, ", "), strings.Join(def.Columns, ", ")))
+		case !def.Matches(shape):
+			problem = "is not the index migrate builds"
 		}
 		if problem != "" {
-			return &UnusableTableError{Err: fmt.Errorf("index %s on %s %s: run spillway migrate", rel.objectName(def.Suffix), t.name, problem)}
+			return nil, &UnusableTableError{Err: fmt.Errorf("index %s on %s %s: run spillway migrate", name, t.name, problem)}
 		}
 	}
-	return nil
+	return notes, nil
 }
 
 // idIndexed reads whether the table's settles can find rows by id.

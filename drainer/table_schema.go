@@ -170,11 +170,20 @@ type IndexDef struct {
 	Columns []string
 	// Predicate is the partial index's WHERE clause.
 	Predicate string
+	// Supersedes is the key an earlier release built under the same name,
+	// if any: a drainer still drains through it, and migrate rebuilds it
+	// without leaving the table a moment without one.
+	Supersedes []string
 }
 
-// ClaimIndex is the index the claim reads: due times of pending rows.
+// ClaimIndex is the index the claim reads: due times of pending rows, with
+// their attempts, so that a claim passes over a spent row (see Claim) in
+// the index, without reading it from the table: in make bench, a million
+// of them cost a claim 170 ms read from the table, 24 ms in the index. It
+// supersedes the index on the due time alone.
 func (t *Table) ClaimIndex() IndexDef {
-	return IndexDef{Suffix: claimIndexSuffix, Columns: []string{t.cols.AvailableAt}, Predicate: q(t.cols.PublishedAt) + " IS NULL"}
+	return IndexDef{Suffix: claimIndexSuffix, Columns: []string{t.cols.AvailableAt, t.cols.Attempts},
+		Predicate: q(t.cols.PublishedAt) + " IS NULL", Supersedes: []string{t.cols.AvailableAt}}
 }
 
 // PublishedIndex is the index retention prunes through: without it, each
@@ -278,6 +287,25 @@ FROM pg_class c WHERE c.oid = to_regclass($1)`,
 func (d IndexDef) Matches(s IndexShape) bool {
 	return s.OnTable && !s.Unique && !s.Expressions && s.Method == "btree" &&
 		slices.Equal(s.Columns, d.Columns) && normalizePredicate(s.Predicate) == normalizePredicate(d.Predicate)
+}
+
+// Superseded reports whether an existing index is the one d supersedes.
+func (d IndexDef) Superseded(s IndexShape) bool {
+	return d.Supersedes != nil && IndexDef{Columns: d.Supersedes, Predicate: d.Predicate}.Matches(s)
+}
+
+// Rebuild is d under the name a rebuild builds it by, beside the index it
+// replaces.
+func (d IndexDef) Rebuild() IndexDef {
+	d.Suffix += "_rebuild"
+	d.Supersedes = nil
+	return d
+}
+
+// RenameRebuilt renders the rename of d's rebuild on rel to d's name, once
+// the index it replaces is dropped.
+func (d IndexDef) RenameRebuilt(rel Relation) Statement {
+	return Statement{SQL: fmt.Sprintf("ALTER INDEX %s RENAME TO %s", rel.index(d.Rebuild().Suffix), q(rel.objectName(d.Suffix)))}
 }
 
 // normalizePredicate drops what pg_get_expr adds or leaves out: quotes and

@@ -83,11 +83,12 @@ var _ = Describe("Resolving the table mapping", func() {
 		t, err := ResolveTable(TableSpec{Name: "outbox"}, canonical)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(t.Claim(ClaimParams{}).SQL).To(ContainSubstring(`ORDER BY "available_at"`))
-		Expect(t.ClaimIndex()).To(Equal(IndexDef{Suffix: claimIndexSuffix, Columns: []string{"available_at"}, Predicate: `"published_at" IS NULL`}))
+		Expect(t.ClaimIndex()).To(Equal(IndexDef{Suffix: claimIndexSuffix, Columns: []string{"available_at", "attempts"}, Predicate: `"published_at" IS NULL`,
+			Supersedes: []string{"available_at"}}))
 		Expect(t.ClaimIndex().Create(Relation{Schema: "public", Name: "outbox"}).SQL).To(Equal(
-			`CREATE INDEX CONCURRENTLY IF NOT EXISTS "outbox_spillway_claim_idx" ON "public"."outbox" ("available_at") WHERE "published_at" IS NULL`))
+			`CREATE INDEX CONCURRENTLY IF NOT EXISTS "outbox_spillway_claim_idx" ON "public"."outbox" ("available_at", "attempts") WHERE "published_at" IS NULL`))
 		Expect(t.ClaimIndex().Create(Relation{Schema: "public", Name: "outbox", Partitioned: true}).SQL).To(Equal(
-			`CREATE INDEX IF NOT EXISTS "outbox_spillway_claim_idx" ON ONLY "public"."outbox" ("available_at") WHERE "published_at" IS NULL`),
+			`CREATE INDEX IF NOT EXISTS "outbox_spillway_claim_idx" ON ONLY "public"."outbox" ("available_at", "attempts") WHERE "published_at" IS NULL`),
 			"Postgres refuses CONCURRENTLY on a partitioned table")
 	})
 
@@ -95,11 +96,17 @@ var _ = Describe("Resolving the table mapping", func() {
 		t, err := ResolveTable(TableSpec{Name: "outbox"}, canonical)
 		Expect(err).NotTo(HaveOccurred())
 		claim := t.ClaimIndex()
-		shape := IndexShape{OnTable: true, Valid: true, Method: "btree", Columns: []string{"available_at"}, Predicate: "(published_at IS NULL)"}
+		shape := IndexShape{OnTable: true, Valid: true, Method: "btree", Columns: []string{"available_at", "attempts"}, Predicate: "(published_at IS NULL)"}
 		Expect(claim.Matches(shape)).To(BeTrue(), "as pg_get_expr prints it")
+		Expect(claim.Superseded(shape)).To(BeFalse())
+		last := shape
+		last.Columns = []string{"available_at"}
+		Expect(claim.Matches(last)).To(BeFalse(), "the claim index of the last release")
+		Expect(claim.Superseded(last)).To(BeTrue(), "which it supersedes")
 		older := shape
 		older.Columns = []string{"attempts", "enqueued_at"}
 		Expect(claim.Matches(older)).To(BeFalse(), "the claim index of an earlier spillway")
+		Expect(claim.Superseded(older)).To(BeFalse())
 		wider := shape
 		wider.Predicate = ""
 		Expect(claim.Matches(wider)).To(BeFalse(), "an index over published history too")
