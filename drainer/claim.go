@@ -56,7 +56,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 			// Never longer than a poll: a drainer the database refused is
 			// unready, and must be ready again within a poll of the cure.
 			wait := min(retry.NextBackOff(), d.cfg.PollInterval)
-			d.claimFailed(c.err, wait)
+			d.statementFailed(statementClaim, c.err)
 			if refusal(c.err) == nil {
 				d.releaseUnread(hardStop)
 			}
@@ -64,9 +64,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 			continue
 		}
 		retry.Reset()
-		if streak := d.refusals.succeeded(statementClaim); streak.refused >= refusalsToUnready {
-			d.log.Info("Claims succeed again; the drainer is ready", "failedTries", streak.tries, "failingFor", time.Since(streak.since).Round(time.Millisecond))
-		}
+		d.statementSucceeded(statementClaim)
 		full := c.claim.Full(c.size)
 		if full && !d.cfg.SerialBatches && d.brokerUsable() && !d.broker.blocked() && d.pushback.wait() == 0 {
 			next = d.claim(hardStop)
@@ -189,24 +187,10 @@ func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
 	return c
 }
 
-// claimFailed records a failed claim, and logs the first failure of a
-// streak, the one that makes the drainer unready, and then one a minute.
-func (d *Drainer) claimFailed(err error, wait time.Duration) {
-	streak, log := d.refusals.failed(statementClaim, err, time.Now())
-	switch {
-	case !log:
-	case streak.refused == refusalsToUnready:
-		d.log.Error("The database keeps refusing claims; the drainer reports itself unready until one succeeds",
-			"error", err, "tries", streak.tries, "retryIn", wait)
-	default:
-		d.log.Error("Claim failed", "error", err, "tries", streak.tries, "retryIn", wait)
-	}
-}
-
 // releaseUnread releases the rows of a claim that failed without an answer
 // from the database: it may have committed with its result lost on the way
-// back, and its rows would be held until their lease expires. Every claim of this drainer whose rows are not
-// in phase 2 or 3 is such a claim.
+// back, and its rows would be held until their lease expires. Every claim of
+// this drainer whose rows are not in phase 2 or 3 is such a claim.
 func (d *Drainer) releaseUnread(hardStop context.Context) {
 	ctx, cancel := context.WithTimeout(hardStop, d.cfg.LeaseTTL/2)
 	defer cancel()
@@ -241,7 +225,7 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	}
 	// The dial reads the URL file afresh.
 	d.rotateBroker.Store(false)
-	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", newRetryBackoff(), func() (*brokerChannel, error) {
+	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (*brokerChannel, error) {
 		return dialBroker(hardStop, d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth, d.cfg.MaxPayloadBytes, d.log, d.poke)
 	}, d.liveness.beat)
 	if err != nil {

@@ -218,7 +218,7 @@ func probeMux(reg *prometheus.Registry, d *Drainer) *http.ServeMux {
 // yet. A table that does not fit the mapping, or that migrate has not made
 // drainable, is a permanent error.
 func openStoreRetrying(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, log *slog.Logger) (*Store, error) {
-	return retry(ctx, log, "Database unavailable at start; retrying", newRetryBackoff(), func() (*Store, error) {
+	return retry(ctx, log, "Database unavailable at start; retrying", func() (*Store, error) {
 		store, err := OpenStore(ctx, pool, spec)
 		if unusable := (*UnusableTableError)(nil); errors.As(err, &unusable) {
 			return nil, backoff.Permanent(err)

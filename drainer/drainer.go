@@ -221,7 +221,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 // releaseLeftovers frees the claims a previous process left under this
 // drainer ID, retrying until the database answers. False means ctx ended.
 func (d *Drainer) releaseLeftovers(ctx context.Context) bool {
-	n, err := retry(ctx, d.log, "Database unavailable at start; retrying", newRetryBackoff(), func() (int64, error) {
+	n, err := retry(ctx, d.log, "Database unavailable at start; retrying", func() (int64, error) {
 		return d.store.ReleaseHeld(ctx, d.cfg.DrainerID, d.cfg.LeaseTTL, nil)
 	}, d.liveness.beat)
 	if err != nil {
@@ -429,11 +429,10 @@ func (l *liveness) overdue(now time.Time) time.Duration {
 }
 
 // retry runs op until it succeeds, returns a backoff.Permanent error, or ctx
-// ends, waiting a jittered, exponentially growing time between tries (b's)
-// and logging each failure as msg; waiting is told each wait before it
-// starts.
-func retry[T any](ctx context.Context, log *slog.Logger, msg string, b backoff.BackOff, op backoff.Operation[T], waiting ...func(time.Duration)) (T, error) {
-	return backoff.Retry(ctx, op, backoff.WithBackOff(b), backoff.WithMaxElapsedTime(0),
+// ends, waiting a jittered, exponentially growing time between tries and
+// logging each failure as msg; waiting is told each wait before it starts.
+func retry[T any](ctx context.Context, log *slog.Logger, msg string, op backoff.Operation[T], waiting ...func(time.Duration)) (T, error) {
+	return backoff.Retry(ctx, op, backoff.WithBackOff(newRetryBackoff()), backoff.WithMaxElapsedTime(0),
 		backoff.WithNotify(func(err error, wait time.Duration) {
 			for _, w := range waiting {
 				w(wait)

@@ -129,6 +129,29 @@ func (r *refusals) cause() error {
 	return errors.New(strings.Join(causes, "; "))
 }
 
+// statementFailed records a failed claim or settle, and logs the first
+// failure of a streak, the one that makes the drainer unready, and then one
+// a minute, rather than every try.
+func (d *Drainer) statementFailed(statement string, err error) {
+	streak, log := d.refusals.failed(statement, err, time.Now())
+	switch {
+	case !log:
+	case streak.refused == refusalsToUnready:
+		d.log.Error("The database keeps refusing "+statement+"s; the drainer reports itself unready until one succeeds",
+			"error", err, "tries", streak.tries)
+	default:
+		d.log.Error(strings.ToUpper(statement[:1])+statement[1:]+" failed", "error", err, "tries", streak.tries)
+	}
+}
+
+// statementSucceeded ends a streak of failures of a claim or settle.
+func (d *Drainer) statementSucceeded(statement string) {
+	if streak := d.refusals.succeeded(statement); streak.refused >= refusalsToUnready {
+		d.log.Info(strings.ToUpper(statement[:1])+statement[1:]+"s succeed again; the drainer is ready",
+			"failedTries", streak.tries, "failingFor", time.Since(streak.since).Round(time.Millisecond))
+	}
+}
+
 // sqlState is the SQLSTATE of a refusal, and "connection" for any other
 // failure.
 func sqlState(answer *pgconn.PgError) string {

@@ -3,6 +3,8 @@ package drainer
 import (
 	"context"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 )
 
 // Phase 3: settling each batch's outcomes in the table.
@@ -81,18 +83,16 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 	// refused is unready, and must be ready again within a poll of the cure.
 	every := newRetryBackoff()
 	every.MaxInterval = min(every.MaxInterval, d.cfg.PollInterval*2/3) // and its jitter of a half
-	done, err := retry(ctx, d.log, "Settle failed; retrying", every, func() (Settled, error) {
+	done, err := backoff.Retry(ctx, func() (Settled, error) {
 		tries++
 		done, err := d.store.Settle(ctx, d.cfg.DrainerID, st, d.cfg.failurePolicy())
 		if err != nil {
-			if streak, _ := d.refusals.failed(statementSettle, err, time.Now()); streak.refused == refusalsToUnready {
-				d.log.Error("The database keeps refusing settles; the drainer reports itself unready until one succeeds", "error", err)
-			}
-		} else if streak := d.refusals.succeeded(statementSettle); streak.refused >= refusalsToUnready {
-			d.log.Info("Settles succeed again; the drainer is ready", "failedTries", streak.tries)
+			d.statementFailed(statementSettle, err)
+		} else {
+			d.statementSucceeded(statementSettle)
 		}
 		return done, err
-	})
+	}, backoff.WithBackOff(every), backoff.WithMaxElapsedTime(0))
 	if err != nil {
 		d.log.Error("Settle gave up; the rows will be claimed again when their lease expires",
 			"rows", len(st.Published)+len(st.Failed)+len(st.Released), "error", err)
