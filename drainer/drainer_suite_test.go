@@ -60,6 +60,14 @@ func topology(bindingKey string, queueArgs amqp.Table) testenv.Topology {
 	return t
 }
 
+// startLedger counts what reaches queue, by message_id, until the test ends.
+func startLedger(queue string) *testenv.Ledger {
+	ledger, err := testenv.StartLedger(amqpCon, queue)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(ledger.Stop)
+	return ledger
+}
+
 // canonicalOutbox migrates a fresh canonical table for the current test.
 func canonicalOutbox(ctx context.Context) TableSpec {
 	spec := TableSpec{Name: "public." + testenv.UniqueName("outbox")}

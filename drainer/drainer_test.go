@@ -361,9 +361,7 @@ var _ = Describe("Spent rows", Label("integration"), func() {
 		// Two claims find nothing live: the drainer idles between polls.
 		Eventually(func() uint64 { return histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") }, drainTimeout).Should(BeNumerically(">=", 2))
 
-		ledger, err := testenv.StartLedger(amqpCon, topo.Queue)
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(ledger.Stop)
+		ledger := startLedger(topo.Queue)
 
 		claims := func() uint64 { return histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") }
 		seed(ctx, spec.Name, 200)

@@ -373,9 +373,7 @@ var _ = Describe("Readiness", Label("integration"), func() {
 	It("is lost while the database refuses every claim, as for a renamed table, says why, and is back within a poll of the cure with every row published once", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		topo := topology("#", nil)
-		ledger, err := testenv.StartLedger(amqpCon, topo.Queue)
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(ledger.Stop)
+		ledger := startLedger(topo.Queue)
 		seed(ctx, spec.Name, 300)
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
 		cfg.PollInterval = time.Second
@@ -420,9 +418,7 @@ var _ = Describe("Readiness", Label("integration"), func() {
 	It("is lost while the database refuses every settle, and is back once one succeeds, with no row lost", func(ctx SpecContext) {
 		spec := canonicalOutbox(ctx)
 		topo := topology("#", nil)
-		ledger, err := testenv.StartLedger(amqpCon, topo.Queue)
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(ledger.Stop)
+		ledger := startLedger(topo.Queue)
 		_, name := spec.QualifiedName()
 		refuse := testenv.UniqueName("refuse")
 		// The application's own guard, refusing to mark rows published.

@@ -78,17 +78,21 @@ func runFault(ctx context.Context, name string, outbox testenv.Outbox, ledger *t
 	stopped = true
 	Expect(err).NotTo(HaveOccurred())
 	f.timeline.Mark("flow stopped after %d events", len(flowed))
-	_, err = outbox.WaitDrained(ctx, 3*time.Minute)
+	f.account(ctx, outbox, ledger, append(burst, flowed...))
+	return f
+}
+
+// account waits until the backlog is 0 and every event written is in the
+// queue, and records the fault's recovery, its lost events and duplicates.
+func (f *fault) account(ctx context.Context, outbox testenv.Outbox, ledger *testenv.Ledger, all []string) {
+	_, err := outbox.WaitDrained(ctx, 3*time.Minute)
 	Expect(err).NotTo(HaveOccurred(), f.timeline.String())
 	f.recovery = f.timeline.Mark("backlog 0") - f.injected
-
-	all := append(burst, flowed...)
 	f.events = len(all)
 	Eventually(func() (int, error) { return ledger.Missing(all) }, time.Minute, 100*time.Millisecond).Should(BeZero(),
 		"events missing from the queue:\n%s", f.timeline)
 	f.lost, f.dups = ledger.Account(all)
 	f.timeline.Mark("all %d events in the queue: %d lost, %d duplicates", f.events, len(f.lost), f.dups)
-	return f
 }
 
 // faultLog is the suite's report of every fault.

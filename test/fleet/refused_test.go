@@ -115,14 +115,6 @@ func renameAway(ctx context.Context, outbox testenv.Outbox, ledger *testenv.Ledg
 	Eventually(readyCondition).WithArguments(ctx).WithTimeout(time.Minute).WithPolling(100 * time.Millisecond).Should(HaveField("Status", metav1.ConditionTrue))
 	f.note("the OutboxDrainer Ready True %.1fs after the table's return", (f.timeline.Since() - back).Seconds())
 
-	_, err = outbox.WaitDrained(ctx, 3*time.Minute)
-	Expect(err).NotTo(HaveOccurred(), f.timeline.String())
-	f.recovery = f.timeline.Mark("backlog 0") - f.injected
-	all := append(burst, during...)
-	f.events = len(all)
-	Eventually(func() (int, error) { return ledger.Missing(all) }, time.Minute, 100*time.Millisecond).Should(BeZero(),
-		"events missing from the queue:\n%s", f.timeline)
-	f.lost, f.dups = ledger.Account(all)
-	f.timeline.Mark("all %d events in the queue: %d lost, %d duplicates", f.events, len(f.lost), f.dups)
+	f.account(ctx, outbox, ledger, append(burst, during...))
 	return f
 }
