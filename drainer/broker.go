@@ -10,6 +10,8 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 const (
@@ -89,7 +91,7 @@ func dialBroker(hardStop context.Context, cfg BrokerConfig, drainerID string, de
 		if unhook != nil {
 			unhook()
 		}
-		return nil, fmt.Errorf("connect to broker %s: %w", RedactURL(url), RedactError(err, url))
+		return nil, fmt.Errorf("connect to broker %s: %w", secret.RedactURL(url), secret.RedactError(err, url))
 	}
 	b := &brokerChannel{
 		conn:      conn,

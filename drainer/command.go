@@ -18,6 +18,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 // columnsFlag parses --columns logical=physical,...
@@ -184,8 +186,8 @@ func DrainCommand(ctx context.Context, args []string) error {
 		defer srv.Close()
 	}
 	log.Info("Drainer started", "table", store.Table().Name(),
-		"database", RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File,
-		"broker", RedactURL(cfg.Broker.URL), "brokerFile", cfg.Broker.File, "exchange", cfg.Broker.Exchange,
+		"database", secret.RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File,
+		"broker", secret.RedactURL(cfg.Broker.URL), "brokerFile", cfg.Broker.File, "exchange", cfg.Broker.Exchange,
 		"gcPercent", gcPercent, "memoryLimitBytes", memoryLimit)
 	return d.Run(ctx)
 }
@@ -247,7 +249,7 @@ func MigrateCommand(ctx context.Context, args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if errs := cfg.Database.validate(field.NewPath("database"), "the outbox database's connection URL"); len(errs) > 0 {
+	if errs := cfg.Database.Validate(field.NewPath("database"), "the outbox database's connection URL"); len(errs) > 0 {
 		return errs.ToAggregate()
 	}
 	pool, err := ConnectPool(ctx, cfg.Database, "migrate", true)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 // worstCasePublish is the publish time the lease rule assumes for every
@@ -14,7 +16,7 @@ const worstCasePublish = 100 * time.Millisecond
 
 // BrokerConfig says where and how rows are published.
 type BrokerConfig struct {
-	URLSource
+	secret.URLSource
 	Exchange string
 	// Mandatory is off by default: on a fan-out topic exchange "no queue bound
 	// yet" is normal, and with mandatory on it would poison those events.
@@ -31,7 +33,7 @@ type BrokerConfig struct {
 // Config is one drainer's configuration. Durations are Go durations.
 type Config struct {
 	DrainerID string
-	Database  URLSource
+	Database  secret.URLSource
 	Table     TableSpec
 	Broker    BrokerConfig
 
@@ -177,8 +179,8 @@ func (c Config) Validate() error {
 	if c.DrainerID == "" {
 		errs = append(errs, field.Required(field.NewPath("drainerID"), "set --drainer-id or POD_NAME"))
 	}
-	errs = append(errs, c.Database.validate(field.NewPath("database"), "the outbox database's connection URL")...)
-	errs = append(errs, c.Broker.validate(field.NewPath("broker"), "the AMQP URL of the broker")...)
+	errs = append(errs, c.Database.Validate(field.NewPath("database"), "the outbox database's connection URL")...)
+	errs = append(errs, c.Broker.Validate(field.NewPath("broker"), "the AMQP URL of the broker")...)
 	errs = append(errs, c.Table.Validate(field.NewPath("database"))...)
 	if c.Broker.Exchange == "" && !c.Broker.Mandatory {
 		errs = append(errs, field.Invalid(field.NewPath("broker", "exchange"), c.Broker.Exchange,

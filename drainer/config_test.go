@@ -7,6 +7,8 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 var _ = Describe("Config validation", func() {
@@ -88,19 +90,10 @@ var _ = Describe("Config validation", func() {
 	})
 })
 
-var _ = Describe("Redacting connection strings", func() {
-	It("hides a URL's password and keeps the rest", func() {
-		Expect(RedactURL("amqp://app:s3cr3t@rabbit:5672/vh")).To(Equal("amqp://app:xxxxx@rabbit:5672/vh"))
-	})
-	It("hides a key/value DSN's password", func() {
-		Expect(RedactURL("host=db user=app password=s3cr3t dbname=x")).NotTo(ContainSubstring("s3cr3t"))
-	})
-})
-
 var _ = Describe("URLs from files", func() {
 	It("reads the file at every call, without its trailing newline", func() {
 		file := filepath.Join(GinkgoT().TempDir(), "url")
-		src := URLSource{File: file}
+		src := secret.URLSource{File: file}
 		Expect(os.WriteFile(file, []byte("amqp://app:one@rabbit/\n"), 0o600)).To(Succeed())
 		Expect(src.Read()).To(Equal("amqp://app:one@rabbit/"))
 		Expect(os.WriteFile(file, []byte("amqp://app:two@rabbit/"), 0o600)).To(Succeed())
@@ -109,11 +102,11 @@ var _ = Describe("URLs from files", func() {
 
 	It("names a missing or empty file in its error", func() {
 		missing := filepath.Join(GinkgoT().TempDir(), "missing")
-		_, err := URLSource{File: missing}.Read()
+		_, err := secret.URLSource{File: missing}.Read()
 		Expect(err).To(MatchError(ContainSubstring(missing)))
 		empty := filepath.Join(GinkgoT().TempDir(), "empty")
 		Expect(os.WriteFile(empty, nil, 0o600)).To(Succeed())
-		_, err = URLSource{File: empty}.Read()
+		_, err = secret.URLSource{File: empty}.Read()
 		Expect(err).To(MatchError("URL file " + empty + " is empty"))
 	})
 })

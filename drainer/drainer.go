@@ -11,6 +11,8 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 // The drainer's loop runs in three phases, each in the file named for it:
@@ -377,10 +379,10 @@ func (d *Drainer) Ready(ctx context.Context) error {
 		return errors.New("broker is blocking publishes (resource alarm)")
 	}
 	if err := d.refusals.cause(); err != nil {
-		return RedactError(err, d.cfg.Database.URL)
+		return secret.RedactError(err, d.cfg.Database.URL)
 	}
 	if err := d.store.Ping(ctx); err != nil {
-		return fmt.Errorf("database: %w", RedactError(err, d.cfg.Database.URL))
+		return fmt.Errorf("database: %w", secret.RedactError(err, d.cfg.Database.URL))
 	}
 	return nil
 }

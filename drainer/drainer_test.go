@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -423,7 +424,7 @@ func expectPlans(ctx context.Context, spec TableSpec, settlesFind string) {
 	leases := []Lease{{ID: "00000000-0000-0000-0000-000000000001", Row: Locator{Table: 1, TID: pgtype.TID{BlockNumber: 1, OffsetNumber: 1, Valid: true}}, Token: time.Now()}}
 	policy := FailurePolicy{InitialMillis: 1000, MaxMillis: 1000, MaxAttempts: 10}
 
-	sessions, err := ConnectPool(ctx, URLSource{URL: testenv.DatabaseURL()}, "plans", false)
+	sessions, err := ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, "plans", false)
 	Expect(err).NotTo(HaveOccurred())
 	defer sessions.Close()
 	conn, err := sessions.Acquire(ctx)

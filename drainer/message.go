@@ -4,9 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 // Failure reasons, used as metric labels. Each one counts an attempt.
@@ -100,7 +101,7 @@ func buildMessage(row Row, shape messageShape, limits messageLimits) (string, am
 	key := *row.RoutingKey
 	if len(key) > maxShortString {
 		return "", amqp.Publishing{}, &rowFault{reasonTooLong,
-			fmt.Sprintf("routing key is %d bytes, over the AMQP limit of %d: %s", len(key), maxShortString, truncate(key, 80))}
+			fmt.Sprintf("routing key is %d bytes, over the AMQP limit of %d: %s", len(key), maxShortString, secret.Truncate(key, 80))}
 	}
 	if len(row.ID) > maxShortString {
 		return "", amqp.Publishing{}, &rowFault{reasonTooLong,
@@ -174,7 +175,7 @@ func amqpHeaders(raw []byte) (amqp.Table, error) {
 	}
 	obj, ok := v.(map[string]any)
 	if !ok {
-		return nil, fmt.Errorf("must be a JSON object, got %s", truncate(string(raw), 80))
+		return nil, fmt.Errorf("must be a JSON object, got %s", secret.Truncate(string(raw), 80))
 	}
 	table, err := amqpValue(obj)
 	if err != nil {
@@ -193,7 +194,7 @@ func amqpValue(v any) (any, error) {
 		t := make(amqp.Table, len(v))
 		for k, e := range v {
 			if len(k) > maxShortString {
-				return nil, fmt.Errorf("key %s is %d bytes, over the AMQP limit of %d", truncate(k, 40), len(k), maxShortString)
+				return nil, fmt.Errorf("key %s is %d bytes, over the AMQP limit of %d", secret.Truncate(k, 40), len(k), maxShortString)
 			}
 			c, err := amqpValue(e)
 			if err != nil {
@@ -224,16 +225,4 @@ func amqpValue(v any) (any, error) {
 	default: // string, bool, nil
 		return v, nil
 	}
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	// Never inside a character: half of one is not valid UTF-8, which a
-	// status field or a text column refuses.
-	for n > 0 && !utf8.RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
 }

@@ -7,6 +7,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 var _ = Describe("Building a message from a row", func() {
@@ -120,7 +122,7 @@ var _ = Describe("Building a message from a row", func() {
 	})
 
 	It("keeps last_error short", func() {
-		Expect(len(truncate(strings.Repeat("x", 5000), maxLastErrorLength))).To(BeNumerically("<=", maxLastErrorLength+3))
+		Expect(len(secret.Truncate(strings.Repeat("x", 5000), maxLastErrorLength))).To(BeNumerically("<=", maxLastErrorLength+3))
 	})
 })
 

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 // OutboxStatus is the outbox's health as the operator reports it.
@@ -190,7 +192,7 @@ func topPoisonCauses(causes []string, counts []int64, oldest []*time.Time, secre
 	var out []PoisonCause
 	index := map[string]int{}
 	for i, cause := range causes {
-		text := ScrubError(cause, secrets...)
+		text := secret.Scrub(cause, secrets...)
 		if j, ok := index[text]; ok {
 			out[j].Count += counts[i]
 			if o := oldest[i]; o != nil && (out[j].OldestEnqueuedAt == nil || o.Before(*out[j].OldestEnqueuedAt)) {

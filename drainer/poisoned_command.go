@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 // listFlag collects a repeatable, comma-separated flag.
@@ -55,7 +57,7 @@ func (f timeFlag) Set(s string) error {
 
 // poisonedOptions are the flags of spillway poisoned list, replay and park.
 type poisonedOptions struct {
-	Database URLSource
+	Database secret.URLSource
 	Table    TableSpec
 	Request  PoisonedRequest
 }
@@ -87,7 +89,7 @@ func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
 		return o, fmt.Errorf("unexpected argument %q: every selector is a flag (see -h)", fs.Arg(0))
 	}
 	o.Database, o.Table = cfg.Database, cfg.Table
-	errs := o.Database.validate(field.NewPath("database"), "the outbox database's connection URL")
+	errs := o.Database.Validate(field.NewPath("database"), "the outbox database's connection URL")
 	errs = append(errs, o.Table.Validate(field.NewPath("database"))...)
 	if verb == "list" {
 		// Any selector lists: parked rows are listed as well as poisoned.
@@ -133,7 +135,7 @@ func runPoisoned(ctx context.Context, args []string, out io.Writer) error {
 	defer pool.Close()
 	table, err := ResolveOutbox(ctx, pool, o.Table)
 	if err != nil {
-		return RedactError(err, url)
+		return secret.RedactError(err, url)
 	}
 	r := o.Request
 	if errs := table.CheckSelector(r.Action, r.Selector, field.NewPath("selector")); len(errs) > 0 {
@@ -142,7 +144,7 @@ func runPoisoned(ctx context.Context, args []string, out io.Writer) error {
 	if verb == "list" || r.DryRun {
 		rows, err := ListPoisoned(ctx, pool, table, r.MaxAttempts, r.Selector)
 		if err != nil {
-			return RedactError(err, url)
+			return secret.RedactError(err, url)
 		}
 		printPoisoned(out, rows, url)
 		if verb == "list" {
@@ -155,7 +157,7 @@ func runPoisoned(ctx context.Context, args []string, out io.Writer) error {
 		if change.Changed > 0 {
 			fmt.Fprintf(out, "%s %d of %d matched rows of %s before the error\n", pastTense(r.Action), change.Changed, change.Matched, table.Name())
 		}
-		return RedactError(err, url)
+		return secret.RedactError(err, url)
 	}
 	if r.DryRun {
 		fmt.Fprintf(out, "dry run: %s would %s %d rows%s; nothing changed\n", table.Name(), r.Action, change.Matched,
@@ -185,7 +187,7 @@ func printPoisoned(out io.Writer, rows []PoisonedRow, databaseURL string) {
 		return t.UTC().Format(time.RFC3339)
 	}
 	for _, r := range rows {
-		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", r.ID, r.Attempts, at(r.EnqueuedAt), at(r.ParkedAt), truncate(ScrubError(r.LastError, databaseURL), 100))
+		fmt.Fprintf(w, "%s\t%d\t%s\t%s\t%s\n", r.ID, r.Attempts, at(r.EnqueuedAt), at(r.ParkedAt), secret.Truncate(secret.Scrub(r.LastError, databaseURL), 100))
 	}
 	_ = w.Flush()
 }

@@ -12,6 +12,7 @@ import (
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -267,7 +268,7 @@ var _ = Describe("Triage of poisoned rows", Label("integration"), func() {
 		Expect(err).NotTo(HaveOccurred())
 		Expect(status.PoisonedBy).To(HaveLen(1))
 		Expect(status.PoisonedBy[0].LastError).To(HavePrefix("token=xxxxx"))
-		Expect(len(status.PoisonedBy[0].LastError)).To(BeNumerically("<=", maxShownError+len("…")))
+		Expect(len(status.PoisonedBy[0].LastError)).To(BeNumerically("<=", secret.MaxShown+len("…")))
 	})
 
 	It("runs as spillway poisoned list, replay and park, with a dry run, and never prints a password", func(ctx SpecContext) {
@@ -460,16 +461,6 @@ var _ = Describe("spillway poisoned's flags", func() {
 })
 
 var _ = Describe("Scrubbing a last error", func() {
-	It("removes a known secret, a URL's password, key=value secrets and bearer tokens, then cuts it within a character", func() {
-		Expect(ScrubError("dial amqp://u:pw@h/ password=abc token: 'x y' Bearer eyJ.x", "nothing")).
-			To(Equal("dial amqp://u:xxxxx@h/ password=xxxxx token: xxxxx Bearer xxxxx"))
-		Expect(ScrubError("login with hunter22 refused", "postgres://app:hunter22@db/x")).To(Equal("login with xxxxx refused"))
-		Expect(ScrubError("a\n\tb\x00c")).To(Equal("a b c"))
-		cut := ScrubError(strings.Repeat("€", 300))
-		Expect(cut).To(HaveSuffix("…"))
-		Expect(strings.ToValidUTF8(cut, "?")).To(Equal(cut))
-	})
-
 	It("merges causes that read the same once scrubbed, and keeps the three with most rows", func() {
 		at := func(h int) *time.Time { return ptrTo(time.Date(2026, 1, 1, h, 0, 0, 0, time.UTC)) }
 		got := topPoisonCauses(

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -248,7 +249,7 @@ var _ = Describe("Database URL from a file", Label("integration"), func() {
 		file := filepath.Join(GinkgoT().TempDir(), "database-url")
 		Expect(os.WriteFile(file, []byte(testenv.DatabaseURL()+"\n"), 0o600)).To(Succeed())
 		id := testenv.UniqueName("drainer")
-		rotating, err := ConnectPool(ctx, URLSource{File: file}, id, false)
+		rotating, err := ConnectPool(ctx, secret.URLSource{File: file}, id, false)
 		Expect(err).NotTo(HaveOccurred())
 		defer rotating.Close()
 		currentUser := func() string {
@@ -269,7 +270,7 @@ var _ = Describe("The drainer's database sessions", Label("integration"), func()
 	It("name the drainer, pin generic plans, scan no table whole, never JIT-compile, and commit asynchronously unless asked", func(ctx SpecContext) {
 		settings := func(synchronousCommit bool) []string {
 			id := testenv.UniqueName("drainer")
-			p, err := ConnectPool(ctx, URLSource{URL: testenv.DatabaseURL()}, id, synchronousCommit)
+			p, err := ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, id, synchronousCommit)
 			Expect(err).NotTo(HaveOccurred())
 			defer p.Close()
 			var name, plans, seqscan, jit, commit string

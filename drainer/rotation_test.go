@@ -14,6 +14,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -72,7 +73,7 @@ var _ = Describe("Rotated connection Secrets", Label("integration"), func() {
 		database, broker := newSecretDir(testenv.DatabaseURL()), newSecretDir(brokerURL(users[0]))
 		id := testenv.UniqueName("rotating")
 		cfg := testConfig(id, spec, topo.Exchange)
-		cfg.Database, cfg.Broker.URLSource = URLSource{File: database.file()}, URLSource{File: broker.file()}
+		cfg.Database, cfg.Broker.URLSource = secret.URLSource{File: database.file()}, secret.URLSource{File: broker.file()}
 		dbPool, err := ConnectPool(ctx, cfg.Database, id, false)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(dbPool.Close)

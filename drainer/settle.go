@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 // Phase 3: settling each batch's outcomes in the table.
@@ -58,7 +60,7 @@ func settlementOf(group []*batch, skip bool) Settlement {
 				st.Published = append(st.Published, lease)
 			case failed:
 				st.Failed = append(st.Failed, lease)
-				st.Reasons = append(st.Reasons, truncate(o.detail, maxLastErrorLength))
+				st.Reasons = append(st.Reasons, secret.Truncate(o.detail, maxLastErrorLength))
 			case released:
 				st.Released = append(st.Released, lease)
 			}

@@ -13,6 +13,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/spillway-io/spillway/secret"
 )
 
 // Row is one claimed outbox row.
@@ -83,7 +85,7 @@ type Store struct {
 // pg_stat_activity and, unless asked otherwise, commit asynchronously. With
 // a URL file, every new connection reads the file again, so a rotated
 // password is picked up as the pool replaces its connections.
-func ConnectPool(ctx context.Context, src URLSource, drainerID string, synchronousCommit bool) (*pgxpool.Pool, error) {
+func ConnectPool(ctx context.Context, src secret.URLSource, drainerID string, synchronousCommit bool) (*pgxpool.Pool, error) {
 	url, err := src.Read()
 	if err != nil {
 		return nil, err
@@ -132,7 +134,7 @@ func ConnectPool(ctx context.Context, src URLSource, drainerID string, synchrono
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, fmt.Errorf("open database pool: %w", RedactError(err, url))
+		return nil, fmt.Errorf("open database pool: %w", secret.RedactError(err, url))
 	}
 	return pool, nil
 }
@@ -141,7 +143,7 @@ func parsePoolConfig(url string) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// pgx's parse errors can quote the URL, password included.
-		return nil, fmt.Errorf("parse database URL: invalid connection string (%s)", RedactURL(url))
+		return nil, fmt.Errorf("parse database URL: invalid connection string (%s)", secret.RedactURL(url))
 	}
 	return cfg, nil
 }

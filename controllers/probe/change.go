@@ -13,6 +13,7 @@ import (
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/controllers/resource"
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/secret"
 )
 
 // ChangeResult is what one run of an OutboxReplay's change found and did.
@@ -60,23 +61,23 @@ func Change(ctx context.Context, secrets client.Reader, namespace string, db v1a
 	cfg.MaxConns = 1
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return ChangeResult{Reason: v1alpha1.ReasonInvalidDatabaseURL, Message: drainer.RedactError(err, url).Error()}, nil
+		return ChangeResult{Reason: v1alpha1.ReasonInvalidDatabaseURL, Message: secret.RedactError(err, url).Error()}, nil
 	}
 	defer pool.Close()
-	redacted := drainer.RedactURL(url)
+	redacted := secret.RedactURL(url)
 	bounded, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	conn, err := pool.Acquire(bounded)
 	if err != nil {
 		return ChangeResult{Reason: v1alpha1.ReasonConnectionFailed,
-			Message: fmt.Sprintf("Connect to %s: %v", redacted, noAnswer(bounded, drainer.RedactError(err, url), timeout))}, nil
+			Message: fmt.Sprintf("Connect to %s: %v", redacted, noAnswer(bounded, secret.RedactError(err, url), timeout))}, nil
 	}
 	defer conn.Release()
 	table, err := drainer.ResolveOutbox(bounded, conn, spec)
 	if unusable := (*drainer.UnusableTableError)(nil); errors.As(err, &unusable) {
 		return ChangeResult{Reason: v1alpha1.ReasonTableNotUsable, Message: err.Error()}, nil
 	} else if err != nil {
-		return ChangeResult{Reason: v1alpha1.ReasonQueryFailed, Message: noAnswer(bounded, drainer.RedactError(err, url), timeout).Error()}, nil
+		return ChangeResult{Reason: v1alpha1.ReasonQueryFailed, Message: noAnswer(bounded, secret.RedactError(err, url), timeout).Error()}, nil
 	}
 	req.StatementTimeout = timeout
 	done, err := drainer.ChangePoisoned(ctx, conn, table, req, field.NewPath("spec"))
@@ -84,7 +85,7 @@ func Change(ctx context.Context, secrets client.Reader, namespace string, db v1a
 	if invalid := (*drainer.InvalidSelectorError)(nil); errors.As(err, &invalid) {
 		result.Reason, result.Message = v1alpha1.ReasonInvalidSelector, err.Error()
 	} else if err != nil {
-		result.Reason, result.Message = v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), timeout).Error()
+		result.Reason, result.Message = v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), timeout).Error()
 	}
 	return result, nil
 }

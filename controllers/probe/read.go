@@ -18,6 +18,7 @@ import (
 	"github.com/spillway-io/spillway/controllers/resource"
 	"github.com/spillway-io/spillway/controllers/status"
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/secret"
 )
 
 // readOutbox reads the referenced Secrets, then the outbox's health through
@@ -89,36 +90,36 @@ func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL strin
 		return v1alpha1.ReasonInvalidDatabaseURL, fmt.Sprintf("The database URL in Secret %q, key %q, is not a valid Postgres connection string",
 			ref.Name, ref.Key), nil
 	}
-	redacted := drainer.RedactURL(url)
+	redacted := secret.RedactURL(url)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
-		return v1alpha1.ReasonConnectionFailed, fmt.Sprintf("Connect to %s: %v", redacted, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout)), nil
+		return v1alpha1.ReasonConnectionFailed, fmt.Sprintf("Connect to %s: %v", redacted, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout)), nil
 	}
 	defer conn.Release()
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
 	if err != nil {
-		return v1alpha1.ReasonConnectionFailed, fmt.Sprintf("Begin a read-only transaction on %s: %v", redacted, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout)), nil
+		return v1alpha1.ReasonConnectionFailed, fmt.Sprintf("Begin a read-only transaction on %s: %v", redacted, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout)), nil
 	}
 	// Rolled back: it only read.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	limits := drainer.ProbeLimits(p.opts.Timeout)
 	if _, err := tx.Exec(ctx, limits.SQL, limits.Args...); err != nil {
-		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
+		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
 	resolved, err := drainer.ResolveOutbox(ctx, tx, spec)
 	if unusable := (*drainer.UnusableTableError)(nil); errors.As(err, &unusable) {
 		return v1alpha1.ReasonTableNotUsable, err.Error(), nil
 	} else if err != nil {
-		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
+		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
 	o, err := drainer.ReadBoundedOutboxStatus(ctx, tx, resolved, t.MaxAttempts, p.opts.CountLimit, url, brokerURL)
 	if err != nil {
-		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
+		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
 	if t.Ordering != nil && t.Ordering.OnFailure != drainer.OnFailureSkip {
 		blocked, err := drainer.ReadBlockedKeys(ctx, tx, resolved, p.opts.CountLimit)
 		if err != nil {
-			return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
+			return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
 		}
 		o.Blocked = &blocked
 	}
@@ -128,7 +129,7 @@ func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL strin
 		if refused := (*drainer.StatementRefusedError)(nil); errors.As(err, &refused) {
 			return v1alpha1.ReasonStatementRefused, err.Error(), &o
 		}
-		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout).Error(), nil
+		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
 	_ = tx.Rollback(ctx)
 	p.releaseDead(ctx, conn, resolved, t, url)
@@ -168,7 +169,7 @@ func (p *Prober) releaseDead(ctx context.Context, conn *pgxpool.Conn, table *dra
 			return err
 		})
 		if err != nil {
-			err = noAnswer(ctx, drainer.RedactError(err, url), p.opts.Timeout)
+			err = noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout)
 			log.Error(err, "Failed to release the claims of a dead drainer", "drainer", d.ID)
 			p.recorder.Eventf(fleet, pod, corev1.EventTypeWarning, "FailedReleaseClaims", "ReleaseClaims",
 				"Failed to release the claims of drainer %s (%s): %v", d.ID, d.Message, err)

@@ -27,6 +27,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -459,7 +460,7 @@ publishing:
 func storeWithoutBroker(ctx context.Context, spec drainer.TableSpec, id string) (*drainer.Store, drainer.ClaimParams, func()) {
 	cfg := drainer.DefaultConfig()
 	cfg.DrainerID, cfg.BatchSize = id, *batchSize
-	pool, err := drainer.ConnectPool(ctx, drainer.URLSource{URL: testenv.DatabaseURL()}, id, cfg.SynchronousCommit)
+	pool, err := drainer.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, id, cfg.SynchronousCommit)
 	if err != nil {
 		log.Fatal(err)
 	}

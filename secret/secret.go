@@ -1,4 +1,8 @@
-package drainer
+// Package secret holds the connection URLs that carry passwords: where each
+// comes from (a value, or a mounted Secret's file, read again at every
+// connect and watched for rotation), and how to show a URL, an error or a
+// stored last error without what is secret in it.
+package secret
 
 import (
 	"errors"
@@ -7,6 +11,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"unicode/utf8"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 )
@@ -53,8 +58,8 @@ func (s URLSource) Read() (string, error) {
 	return url, nil
 }
 
-// validate requires exactly one of the URL and the file.
-func (s URLSource) validate(path *field.Path, what string) field.ErrorList {
+// Validate requires exactly one of the URL and the file.
+func (s URLSource) Validate(path *field.Path, what string) field.ErrorList {
 	switch {
 	case s.URL == "" && s.File == "":
 		return field.ErrorList{field.Required(path.Child("url"), what+": set the URL or the path of a file holding it")}
@@ -77,9 +82,9 @@ func RedactError(err error, rawURL string) error {
 	return err
 }
 
-// maxShownError is how much of a last error the status and the command line
-// show: enough to tell causes apart, short enough for a status field.
-const maxShownError = 256
+// MaxShown is how much of an error Scrub keeps: enough to tell causes
+// apart, short enough for a status field.
+const MaxShown = 256
 
 var (
 	// urlUserinfo is a URL's user:password@, anywhere in a text.
@@ -90,13 +95,13 @@ var (
 	whitespace  = regexp.MustCompile(`[\s\p{Cc}]+`)
 )
 
-// ScrubError makes a last error fit to show: the drainer writes it from what
+// Scrub makes an error's text fit to show: the drainer writes it from what
 // a broker said, and another writer of an adopted table could put anything
 // there. Each known secret (a URL's password, or the value itself) is
 // removed, then whatever looks like a password, a token or a URL's
 // credentials, and only then is it cut, so that no cut leaves half a secret
 // behind. Control characters and runs of blanks become one space.
-func ScrubError(text string, secrets ...string) string {
+func Scrub(text string, secrets ...string) string {
 	text = strings.ToValidUTF8(text, "?")
 	for _, s := range secrets {
 		if len(s) >= 4 {
@@ -112,5 +117,18 @@ func ScrubError(text string, secrets ...string) string {
 	text = secretValue.ReplaceAllString(text, "${1}xxxxx")
 	text = bearer.ReplaceAllString(text, "${1}xxxxx")
 	text = strings.TrimSpace(whitespace.ReplaceAllString(text, " "))
-	return truncate(text, maxShownError)
+	return Truncate(text, MaxShown)
+}
+
+// Truncate cuts s to at most n bytes and marks the cut, never inside a
+// character: half of one is not valid UTF-8, which a status field or a text
+// column refuses.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
