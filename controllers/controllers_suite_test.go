@@ -27,7 +27,7 @@ import (
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/controllers"
 	"github.com/spillway-io/spillway/controllers/probe"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/kubeenv"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -140,7 +140,7 @@ func connectionSecrets(ctx context.Context, ns string) {
 // outboxTable migrates a canonical outbox of the test's own.
 func outboxTable(ctx context.Context) string {
 	name := "public." + testenv.UniqueName("outbox")
-	_, err := drainer.Migrate(ctx, db, drainer.TableSpec{Name: name})
+	_, err := outbox.Migrate(ctx, db, outbox.TableSpec{Name: name})
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(func(ctx SpecContext) {
 		_, err := db.Exec(ctx, "DROP TABLE IF EXISTS "+name)

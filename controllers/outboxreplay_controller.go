@@ -28,7 +28,7 @@ import (
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/controllers/probe"
 	"github.com/spillway-io/spillway/controllers/status"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // drainerRefIndex indexes OutboxReplays by the OutboxDrainer they name.
@@ -162,7 +162,7 @@ func (r *OutboxReplayReconciler) change(ctx context.Context, replay *v1alpha1.Ou
 
 // replayRequest is the drainer's request for an OutboxReplay, less what
 // earlier runs of it changed already.
-func replayRequest(replay *v1alpha1.OutboxReplay, maxAttempts int32) drainer.PoisonedRequest {
+func replayRequest(replay *v1alpha1.OutboxReplay, maxAttempts int32) outbox.PoisonedRequest {
 	sel := replay.Spec.Selector
 	limit := int(sel.Limit)
 	if replay.Status.Changed != nil && !replay.Spec.DryRun {
@@ -175,9 +175,9 @@ func replayRequest(replay *v1alpha1.OutboxReplay, maxAttempts int32) drainer.Poi
 	if sel.EnqueuedBefore != nil {
 		before = &sel.EnqueuedBefore.Time
 	}
-	return drainer.PoisonedRequest{
-		Action: drainer.PoisonedAction(replay.Spec.Action),
-		Selector: drainer.PoisonedSelector{
+	return outbox.PoisonedRequest{
+		Action: outbox.PoisonedAction(replay.Spec.Action),
+		Selector: outbox.PoisonedSelector{
 			IDs: sel.IDs, LastErrorPattern: sel.LastErrorPattern, EnqueuedSince: since, EnqueuedBefore: before,
 			Parked: sel.Parked, Limit: limit,
 		},

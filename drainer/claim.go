@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // Phase 1: the claim, and the loop that drives the three phases.
@@ -57,7 +58,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 			// unready, and must be ready again within a poll of the cure.
 			wait := min(retry.NextBackOff(), d.cfg.PollInterval)
 			d.statementFailed(statementClaim, c.err)
-			if refusal(c.err) == nil {
+			if _, refused := outbox.Refused(c.err); !refused {
 				d.releaseUnread(hardStop)
 			}
 			p.sleep(ctx, wait)
@@ -150,7 +151,7 @@ type pendingClaim struct {
 	// woken: the claim followed a notification.
 	woken bool
 	size  int
-	claim Claim
+	claim outbox.Claim
 	err   error
 }
 

@@ -19,11 +19,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
 // columnsFlag parses --columns logical=physical,...
-type columnsFlag struct{ c *Columns }
+type columnsFlag struct{ c *outbox.Columns }
 
 func (f columnsFlag) String() string { return "" }
 
@@ -67,7 +68,7 @@ func registerTableFlags(fs *flag.FlagSet, c *Config) {
 	fs.StringVar(&c.Database.File, "database-url-file", "", "file holding the database URL, re-read at every connect (a mounted secret)")
 	fs.StringVar(&c.Table.Name, "table", c.Table.Name, "outbox table, as schema.table")
 	fs.Var(columnsFlag{&c.Table.Columns}, "columns",
-		"column mapping logical=physical, comma-separated; logical names: "+strings.Join(ColumnFlagNames(), ", "))
+		"column mapping logical=physical, comma-separated; logical names: "+strings.Join(outbox.ColumnFlagNames(), ", "))
 	fs.StringVar(&c.Table.RoutingKey.Column, "routing-key-column", "", "take the routing key from this column (default event_type)")
 	fs.StringVar(&c.Table.RoutingKey.PayloadField, "routing-key-field", "", "take the routing key from this top-level field of a JSON payload")
 	fs.StringVar(&c.Table.RoutingKey.Constant, "routing-key", "", "publish every row with this routing key")
@@ -155,7 +156,7 @@ func DrainCommand(ctx context.Context, args []string) error {
 	}
 	log := slog.New(NewLogHandler(os.Stderr)).With("drainer", cfg.DrainerID)
 	gcPercent, memoryLimit := TuneGC(cfg)
-	pool, err := ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
+	pool, err := outbox.ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
 	if err != nil {
 		return err
 	}
@@ -219,10 +220,10 @@ func probeMux(reg *prometheus.Registry, d *Drainer) *http.ServeMux {
 // openStoreRetrying opens the store, waiting out a database that is not up
 // yet. A table that does not fit the mapping, or that migrate has not made
 // drainable, is a permanent error.
-func openStoreRetrying(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, log *slog.Logger) (*Store, error) {
-	return retry(ctx, log, "Database unavailable at start; retrying", func() (*Store, error) {
-		store, err := OpenStore(ctx, pool, spec)
-		if unusable := (*UnusableTableError)(nil); errors.As(err, &unusable) {
+func openStoreRetrying(ctx context.Context, pool *pgxpool.Pool, spec outbox.TableSpec, log *slog.Logger) (*outbox.Store, error) {
+	return retry(ctx, log, "Database unavailable at start; retrying", func() (*outbox.Store, error) {
+		store, err := outbox.OpenStore(ctx, pool, spec)
+		if unusable := (*outbox.UnusableTableError)(nil); errors.As(err, &unusable) {
 			return nil, backoff.Permanent(err)
 		}
 		return store, err
@@ -252,22 +253,22 @@ func MigrateCommand(ctx context.Context, args []string) error {
 	if errs := cfg.Database.Validate(field.NewPath("database"), "the outbox database's connection URL"); len(errs) > 0 {
 		return errs.ToAggregate()
 	}
-	pool, err := ConnectPool(ctx, cfg.Database, "migrate", true)
+	pool, err := outbox.ConnectPool(ctx, cfg.Database, "migrate", true)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	done, err := Migrate(ctx, pool, cfg.Table)
+	done, err := outbox.Migrate(ctx, pool, cfg.Table)
 	if err != nil {
 		return err
 	}
 	if *notify {
-		installed, err := InstallNotifyTrigger(ctx, pool, cfg.Table)
+		installed, err := outbox.InstallNotifyTrigger(ctx, pool, cfg.Table)
 		if err != nil {
 			return err
 		}
 		if installed {
-			done = append(done, "created trigger "+cfg.Table.objectName(notifyTriggerSuffix)+" notifying "+cfg.Table.NotifyChannel())
+			done = append(done, "created trigger "+cfg.Table.NotifyTrigger()+" notifying "+cfg.Table.NotifyChannel())
 		}
 	}
 	if len(done) == 0 {

@@ -8,9 +8,19 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/outbox"
 )
 
 var _ = Describe("spillway drain flags", func() {
+	It("parses --columns pairs and names an unknown logical column", func() {
+		var c outbox.Columns
+		Expect(columnsFlag{&c}.Set("id=event_id, enqueuedAt=created_at")).To(Succeed())
+		Expect(c.ID).To(Equal("event_id"))
+		Expect(c.EnqueuedAt).To(Equal("created_at"))
+		Expect(columnsFlag{&c}.Set("key=x")).To(MatchError(ContainSubstring(`unknown column "key"`)))
+	})
+
 	base := []string{"--database-url=postgres://x@127.0.0.1/db", "--broker-url=amqp://127.0.0.1/", "--drainer-id=d-1"}
 
 	It("rejects bad values before connecting to anything, naming the field, value and rule", func() {

@@ -9,6 +9,8 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gbytes"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/spillway-io/spillway/outbox"
 )
 
 var _ = Describe("The commit guard", func() {
@@ -121,10 +123,10 @@ var _ = Describe("The commit guard", func() {
 
 	// guarded starts a drainer with ceiling as --max-commit-latency on a
 	// backlog of 20,000 rows.
-	guarded := func(ctx context.Context, ceiling time.Duration) (*running, TableSpec) {
-		spec := canonicalOutbox(ctx)
+	guarded := func(ctx context.Context, ceiling time.Duration) (*running, outbox.TableSpec) {
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
-		seed(ctx, spec.Name, 20000)
+		db.Seed(ctx, spec.Name, 20000)
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
 		cfg.MaxCommitLatency = ceiling
 		return startDrainer(ctx, cfg), spec
@@ -142,7 +144,7 @@ var _ = Describe("The commit guard", func() {
 		Eventually(d.logs).Should(gbytes.Say(`Commits take longer than --max-commit-latency even at the slowest pace`))
 
 		// The rows claimed at a faster pace are published first.
-		published := func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }
+		published := func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }
 		Eventually(published, drainTimeout).Should(BeNumerically(">=", int(testutil.ToFloat64(d.metrics.Claimed))))
 		from, began := published(), time.Now()
 		time.Sleep(3 * time.Second)
@@ -152,7 +154,7 @@ var _ = Describe("The commit guard", func() {
 		Expect(rate).To(BeNumerically("<=", 2*minGuardedPace+5))
 		Expect(rate).To(BeNumerically(">", 0), "it still drains, and times its settles")
 		Expect(histogramCount(d.reg, "spillway_drainer_commit_duration_seconds")).To(BeNumerically(">", 10))
-		Expect(count(ctx, spec.Name, "published_at IS NULL")).To(BeNumerically(">", 10000), "the backlog waits")
+		Expect(db.Count(ctx, spec.Name, "published_at IS NULL")).To(BeNumerically(">", 10000), "the backlog waits")
 		Eventually(cuts, drainTimeout).Should(BeNumerically(">", atSlowest), "so are the holds at it, each slow commit after the last cut's hold")
 		Expect(strings.Count(string(d.logs.Contents()), "even at the slowest pace")).To(Equal(1),
 			"logged on reaching it, not at each of the cuts that keep it there")
@@ -160,7 +162,7 @@ var _ = Describe("The commit guard", func() {
 
 	It("drains at full speed while commits stay within the ceiling, timing them all along", Label("integration"), func(ctx SpecContext) {
 		d, spec := guarded(ctx, time.Minute)
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
 		// Three doublings ask for 100 events/s of drain, which any machine
 		// gives; the last settle's pace reaches the limiter, then the gauge.
 		Eventually(func(g Gomega) {

@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -34,7 +35,7 @@ type BrokerConfig struct {
 type Config struct {
 	DrainerID string
 	Database  secret.URLSource
-	Table     TableSpec
+	Table     outbox.TableSpec
 	Broker    BrokerConfig
 
 	BatchSize     int
@@ -106,7 +107,7 @@ func (r Retention) deletesPublished() bool { return r.Published != nil && *r.Pub
 // DefaultConfig returns the defaults a user gets without flags.
 func DefaultConfig() Config {
 	return Config{
-		Table:  TableSpec{Name: "public.outbox"},
+		Table:  outbox.TableSpec{Name: "public.outbox"},
 		Broker: BrokerConfig{ExchangeType: "topic", MessageProperties: FullProperties},
 		// Measured in make bench: batches of 500 halve the statements per
 		// event against 100 and cost Postgres a fifth less per event; 256
@@ -151,8 +152,8 @@ func (c Config) confirmTimeout() time.Duration {
 }
 
 // ClaimParams are the parameters of this config's claims.
-func (c Config) ClaimParams() ClaimParams {
-	return ClaimParams{
+func (c Config) ClaimParams() outbox.ClaimParams {
+	return outbox.ClaimParams{
 		DrainerID:       c.DrainerID,
 		BatchSize:       c.BatchSize,
 		MaxAttempts:     c.MaxAttempts,
@@ -165,8 +166,8 @@ func (c Config) ClaimParams() ClaimParams {
 // failurePolicy is what a failed attempt costs a row under this config.
 // When ordering skips failures, the first failure poisons the row: a retry
 // after the later rows of its key went on would publish it out of order.
-func (c Config) failurePolicy() FailurePolicy {
-	f := FailurePolicy{InitialMillis: c.RetryInitial.Milliseconds(), MaxMillis: c.RetryMax.Milliseconds(), MaxAttempts: c.MaxAttempts}
+func (c Config) failurePolicy() outbox.FailurePolicy {
+	f := outbox.FailurePolicy{InitialMillis: c.RetryInitial.Milliseconds(), MaxMillis: c.RetryMax.Milliseconds(), MaxAttempts: c.MaxAttempts}
 	if c.Table.Ordering.Skips() {
 		f.MaxAttempts = 1
 	}

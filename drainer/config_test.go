@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -41,7 +42,7 @@ var _ = Describe("Config validation", func() {
 			`database.table: Invalid value: "outbox; DROP TABLE users": must be table or schema.table`),
 		Entry("a quoted column name", func(c *Config) { c.Table.Columns.ID = `id"--` },
 			`database.columns.id: Invalid value: "id\"--": must be a plain SQL identifier`),
-		Entry("two routing key sources", func(c *Config) { c.Table.RoutingKey = RoutingKey{Column: "kind", Constant: "x"} },
+		Entry("two routing key sources", func(c *Config) { c.Table.RoutingKey = outbox.RoutingKey{Column: "kind", Constant: "x"} },
 			"database.routingKey: Invalid value"),
 		Entry("a confirm timeout as long as the lease", func(c *Config) { c.ConfirmTimeout = c.LeaseTTL },
 			`confirmTimeout: Invalid value: "1m20s": must be 0 (a third of leaseTTL) or positive and shorter than leaseTTL 1m20s`),

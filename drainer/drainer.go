@@ -12,6 +12,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -55,7 +56,7 @@ type outcome struct {
 // batch is one claim's rows and, once confirmed, their outcomes. After a row
 // is published its payload is dropped: phase 3 needs only its lease.
 type batch struct {
-	claim    Claim
+	claim    outbox.Claim
 	outcomes []outcome
 	// settled is closed once phase 3 is done with the batch.
 	settled chan struct{}
@@ -64,7 +65,7 @@ type batch struct {
 // Drainer runs the three-phase loop for one drainer ID.
 type Drainer struct {
 	cfg     Config
-	store   *Store
+	store   *outbox.Store
 	metrics *Metrics
 	log     *slog.Logger
 	message messageShape
@@ -81,8 +82,8 @@ type Drainer struct {
 	// goroutine.
 	pushback pushback
 	strikes  strikes
-	hush     *NotifyHush
-	roster   *Roster
+	hush     *outbox.NotifyHush
+	roster   *outbox.Roster
 	// held are the claims in phases 2 and 3.
 	held heldClaims
 	// refusals are the claims and settles the database keeps refusing.
@@ -97,7 +98,7 @@ type Drainer struct {
 }
 
 // New checks the config and returns a drainer over store.
-func New(cfg Config, store *Store, metrics *Metrics, log *slog.Logger) (*Drainer, error) {
+func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*Drainer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -359,7 +360,7 @@ func (d *Drainer) sweepLoop(ctx context.Context) {
 
 // prune runs one retention statement until nothing is left to delete, and
 // returns how many rows it deleted.
-func (d *Drainer) prune(ctx context.Context, kind string, stmt Statement) int64 {
+func (d *Drainer) prune(ctx context.Context, kind string, stmt outbox.Statement) int64 {
 	n, err := d.store.Prune(ctx, stmt, d.cfg.Retention.BatchSize)
 	d.metrics.Pruned.WithLabelValues(kind).Add(float64(n))
 	if err != nil && ctx.Err() == nil {

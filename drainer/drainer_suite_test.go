@@ -2,14 +2,12 @@ package drainer
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
@@ -17,6 +15,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -27,6 +27,7 @@ func TestDrainer(t *testing.T) {
 
 var (
 	pool    *pgxpool.Pool
+	db      suite.DB
 	amqpCon *amqp.Connection
 )
 
@@ -35,6 +36,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(services.Close)
 	pool, amqpCon = services.DB, services.Broker
+	db = suite.DB{Pool: pool}
 })
 
 // amqpChannel opens a channel for the current test.
@@ -68,54 +70,8 @@ func startLedger(queue string) *testenv.Ledger {
 	return ledger
 }
 
-// canonicalOutbox migrates a fresh canonical table for the current test.
-func canonicalOutbox(ctx context.Context) TableSpec {
-	spec := TableSpec{Name: "public." + testenv.UniqueName("outbox")}
-	_, err := Migrate(ctx, pool, spec)
-	Expect(err).NotTo(HaveOccurred())
-	dropAfterTest(spec.Name)
-	return spec
-}
-
-func dropAfterTest(table string) {
-	DeferCleanup(func(ctx SpecContext) {
-		_, err := pool.Exec(ctx, "DROP TABLE IF EXISTS "+table)
-		Expect(err).NotTo(HaveOccurred())
-	})
-}
-
-// exec runs fixture SQL: the test playing the application or the clock.
-func exec(ctx context.Context, sql string, args ...any) int64 {
-	tag, err := pool.Exec(ctx, sql, args...)
-	Expect(err).NotTo(HaveOccurred(), sql)
-	return tag.RowsAffected()
-}
-
-// seed inserts n pending rows with routing key order.created.
-func seed(ctx context.Context, table string, n int) {
-	exec(ctx, fmt.Sprintf(`INSERT INTO %s (event_type, payload, headers)
-		SELECT 'order.created', jsonb_build_object('n', g), jsonb_build_object('seq', g)
-		FROM generate_series(1, $1) g`, table), n)
-}
-
-// count returns the number of rows of table matching where.
-func count(ctx context.Context, table, where string, args ...any) int {
-	var n int
-	Expect(pool.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE "+where, args...).Scan(&n)).To(Succeed())
-	return n
-}
-
-// ids returns the ids of table matching where, as text.
-func ids(ctx context.Context, table, where string, args ...any) []string {
-	rows, err := pool.Query(ctx, "SELECT id::text FROM "+table+" WHERE "+where, args...)
-	Expect(err).NotTo(HaveOccurred())
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	Expect(err).NotTo(HaveOccurred())
-	return out
-}
-
 // testConfig is a valid config for the current test's table and exchange.
-func testConfig(id string, spec TableSpec, exchange string) Config {
+func testConfig(id string, spec outbox.TableSpec, exchange string) Config {
 	cfg := DefaultConfig()
 	cfg.DrainerID = id
 	cfg.Database.URL = testenv.DatabaseURL()
@@ -140,7 +96,7 @@ type running struct {
 
 // newDrainer builds a drainer over the shared pool, with its own metrics.
 func newDrainer(ctx context.Context, cfg Config) *running {
-	store, err := OpenStore(ctx, pool, cfg.Table)
+	store, err := outbox.OpenStore(ctx, pool, cfg.Table)
 	Expect(err).NotTo(HaveOccurred())
 	reg, logs := prometheus.NewRegistry(), gbytes.NewBuffer()
 	d, err := New(cfg, store, NewMetrics(reg), testLog(logs))

@@ -2,18 +2,16 @@ package drainer
 
 import (
 	"context"
-	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gbytes"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/spillway-io/spillway/secret"
+	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -21,16 +19,16 @@ const drainTimeout = 60 * time.Second
 
 var _ = Describe("Draining", Label("integration"), func() {
 	It("publishes every row of a 10,000-row outbox exactly once with 3 concurrent drainers", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
-		seed(ctx, spec.Name, 10_000)
+		db.Seed(ctx, spec.Name, 10_000)
 		for _, id := range []string{"drainer-a", "drainer-b", "drainer-c"} {
 			startDrainer(ctx, testConfig(id, spec, topo.Exchange))
 		}
 
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout, 100*time.Millisecond).Should(BeZero())
-		Expect(count(ctx, spec.Name, "true")).To(Equal(10_000))
-		Expect(count(ctx, spec.Name, "attempts > 0")).To(BeZero())
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout, 100*time.Millisecond).Should(BeZero())
+		Expect(db.Count(ctx, spec.Name, "true")).To(Equal(10_000))
+		Expect(db.Count(ctx, spec.Name, "attempts > 0")).To(BeZero())
 		var drainers int
 		Expect(pool.QueryRow(ctx, "SELECT count(DISTINCT claimed_by) FROM "+spec.Name).Scan(&drainers)).To(Succeed())
 		Expect(drainers).To(Equal(3), "all three drainers took part")
@@ -47,7 +45,7 @@ var _ = Describe("Draining", Label("integration"), func() {
 			}
 			seen[m.MessageId] = true
 		}
-		for _, id := range ids(ctx, spec.Name, "true") {
+		for _, id := range db.IDs(ctx, spec.Name, "true") {
 			if !seen[id] {
 				missing = append(missing, id)
 			}
@@ -57,14 +55,14 @@ var _ = Describe("Draining", Label("integration"), func() {
 	})
 
 	It("deletes each row once its publish is confirmed when published rows are not kept, and publishes every row exactly once", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
-		seed(ctx, spec.Name, 2_000)
-		want := ids(ctx, spec.Name, "true")
+		db.Seed(ctx, spec.Name, 2_000)
+		want := db.IDs(ctx, spec.Name, "true")
 		// History published before the window became zero, and a row that
 		// cannot be published: one goes, the other stays to be seen.
-		exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload, published_at) SELECT 'order.created', '{}', now() - interval '1 hour' FROM generate_series(1, 5)")
-		exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload) VALUES (repeat('k', 256), '{}')")
+		db.Exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload, published_at) SELECT 'order.created', '{}', now() - interval '1 hour' FROM generate_series(1, 5)")
+		db.Exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload) VALUES (repeat('k', 256), '{}')")
 		for _, id := range []string{"drainer-a", "drainer-b"} {
 			cfg := testConfig(id, spec, topo.Exchange)
 			// The prune runs at start, for the history, and not again within
@@ -76,8 +74,8 @@ var _ = Describe("Draining", Label("integration"), func() {
 		// The bad row may be the last claim of the other drainer: wait for its
 		// failure itself, not only for the good rows to be gone.
 		Eventually(func(g Gomega) {
-			g.Expect(count(ctx, spec.Name, "true")).To(Equal(1))
-			g.Expect(count(ctx, spec.Name, "published_at IS NULL AND attempts > 0 AND last_error LIKE '%routing key%'")).To(Equal(1),
+			g.Expect(db.Count(ctx, spec.Name, "true")).To(Equal(1))
+			g.Expect(db.Count(ctx, spec.Name, "published_at IS NULL AND attempts > 0 AND last_error LIKE '%routing key%'")).To(Equal(1),
 				"the row that cannot be published is kept, with its attempt and error")
 		}, drainTimeout, 100*time.Millisecond).Should(Succeed())
 		ch := amqpChannel()
@@ -92,16 +90,16 @@ var _ = Describe("Draining", Label("integration"), func() {
 	})
 
 	It("publishes each message persistent, with the row id, routing key, headers, content type, timestamp, type and app_id", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("order.*", nil)
-		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, headers, enqueued_at)
+		db.Exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, headers, enqueued_at)
 			VALUES ('order.created', '{"order": 7}', '{"tenant": "acme", "version": 2}', '2026-01-02T03:04:05Z')`)
 		startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
 
 		msgs, err := testenv.Consume(amqpChannel(), topo.Queue, 1, 10*time.Second)
 		Expect(err).NotTo(HaveOccurred())
 		m := msgs[0]
-		Expect(m.MessageId).To(Equal(ids(ctx, spec.Name, "true")[0]))
+		Expect(m.MessageId).To(Equal(db.IDs(ctx, spec.Name, "true")[0]))
 		Expect(m.RoutingKey).To(Equal("order.created"))
 		Expect(m.DeliveryMode).To(Equal(amqp.Persistent))
 		Expect(m.ContentType).To(Equal("application/json"))
@@ -113,9 +111,9 @@ var _ = Describe("Draining", Label("integration"), func() {
 	})
 
 	It("with compact properties, publishes the row id, routing key, headers and content type and nothing else", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("order.*", nil)
-		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, headers) VALUES ('order.created', '{"order": 7}', '{"tenant": "acme"}')`)
+		db.Exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, headers) VALUES ('order.created', '{"order": 7}', '{"tenant": "acme"}')`)
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
 		cfg.Broker.MessageProperties = CompactProperties
 		startDrainer(ctx, cfg)
@@ -123,7 +121,7 @@ var _ = Describe("Draining", Label("integration"), func() {
 		msgs, err := testenv.Consume(amqpChannel(), topo.Queue, 1, 10*time.Second)
 		Expect(err).NotTo(HaveOccurred())
 		m := msgs[0]
-		Expect(m.MessageId).To(Equal(ids(ctx, spec.Name, "true")[0]))
+		Expect(m.MessageId).To(Equal(db.IDs(ctx, spec.Name, "true")[0]))
 		Expect(m.RoutingKey).To(Equal("order.created"))
 		Expect(m.DeliveryMode).To(Equal(amqp.Persistent))
 		Expect(m.ContentType).To(Equal("application/json"))
@@ -136,15 +134,15 @@ var _ = Describe("Draining", Label("integration"), func() {
 
 var _ = Describe("Leases", Label("integration"), func() {
 	var (
-		spec  TableSpec
-		store *Store
+		spec  outbox.TableSpec
+		store *outbox.Store
 	)
-	claim := func(ctx context.Context, id string, n int) Claim {
-		c, err := store.Claim(ctx, claimParams(id, n))
+	claim := func(ctx context.Context, id string, n int) outbox.Claim {
+		c, err := store.Claim(ctx, suite.ClaimParams(id, n))
 		Expect(err).NotTo(HaveOccurred())
 		return c
 	}
-	idsOf := func(c Claim) []string {
+	idsOf := func(c outbox.Claim) []string {
 		var out []string
 		for _, r := range c.Rows {
 			out = append(out, r.ID)
@@ -154,14 +152,14 @@ var _ = Describe("Leases", Label("integration"), func() {
 	// backdate ends the leases of rows: a claimed row is due again when its
 	// lease ends.
 	backdate := func(ctx context.Context, rowIDs []string) {
-		exec(ctx, "UPDATE "+spec.Name+" SET claimed_at = now() - interval '31 seconds', available_at = now() - interval '1 second' WHERE id = ANY($1::uuid[])", rowIDs)
+		db.Exec(ctx, "UPDATE "+spec.Name+" SET claimed_at = now() - interval '31 seconds', available_at = now() - interval '1 second' WHERE id = ANY($1::uuid[])", rowIDs)
 	}
 
 	BeforeEach(func(ctx SpecContext) {
-		spec = canonicalOutbox(ctx)
-		seed(ctx, spec.Name, 10)
+		spec = db.CanonicalOutbox(ctx)
+		db.Seed(ctx, spec.Name, 10)
 		var err error
-		store, err = OpenStore(ctx, pool, spec)
+		store, err = outbox.OpenStore(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
 	})
 
@@ -173,7 +171,7 @@ var _ = Describe("Leases", Label("integration"), func() {
 		expired := idsOf(held)[:4]
 		backdate(ctx, expired)
 		Expect(idsOf(claim(ctx, "drainer-b", 10))).To(ConsistOf(expired))
-		Expect(count(ctx, spec.Name, "claimed_by = 'drainer-a'")).To(Equal(6))
+		Expect(db.Count(ctx, spec.Name, "claimed_by = 'drainer-a'")).To(Equal(6))
 	})
 
 	It("lets a drainer whose rows were re-claimed mark nothing, report it, and keep running", func(ctx SpecContext) {
@@ -188,12 +186,12 @@ var _ = Describe("Leases", Label("integration"), func() {
 		a.settle(ctx, []*batch{b})
 		Expect(testutil.ToFloat64(a.metrics.LeaseLost)).To(Equal(10.0))
 		Expect(testutil.ToFloat64(a.metrics.Published)).To(BeZero())
-		Expect(count(ctx, spec.Name, "published_at IS NULL AND claimed_by = 'drainer-b'")).To(Equal(10))
+		Expect(db.Count(ctx, spec.Name, "published_at IS NULL AND claimed_by = 'drainer-b'")).To(Equal(10))
 
 		a.start()
-		exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload) VALUES ('order.created', '{}')")
+		db.Exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload) VALUES ('order.created', '{}')")
 		Eventually(func() int {
-			return count(ctx, spec.Name, "published_at IS NOT NULL AND claimed_by = 'drainer-a'")
+			return db.Count(ctx, spec.Name, "published_at IS NOT NULL AND claimed_by = 'drainer-a'")
 		}, drainTimeout).Should(Equal(1))
 	})
 
@@ -204,45 +202,45 @@ var _ = Describe("Leases", Label("integration"), func() {
 
 		startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
 		Eventually(func() int {
-			return count(ctx, spec.Name, "published_at IS NOT NULL AND id = ANY($1::uuid[])", mine)
+			return db.Count(ctx, spec.Name, "published_at IS NOT NULL AND id = ANY($1::uuid[])", mine)
 		}, drainTimeout).Should(Equal(5))
 		Consistently(func() int {
-			return count(ctx, spec.Name, "published_at IS NULL AND claimed_by = 'drainer-b' AND id = ANY($1::uuid[])", theirs)
+			return db.Count(ctx, spec.Name, "published_at IS NULL AND claimed_by = 'drainer-b' AND id = ANY($1::uuid[])", theirs)
 		}, time.Second).Should(Equal(5), "another drainer's live leases are not touched")
 	})
 })
 
 var _ = Describe("Failures", Label("integration"), func() {
 	It("releases the whole batch without counting attempts when the exchange disappears mid-drain", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
 		d := startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
-		seed(ctx, spec.Name, 10)
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		db.Seed(ctx, spec.Name, 10)
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
 
 		Expect(amqpChannel().ExchangeDelete(topo.Exchange, false, false)).To(Succeed())
-		exec(ctx, "TRUNCATE "+spec.Name)
-		seed(ctx, spec.Name, 200)
+		db.Exec(ctx, "TRUNCATE "+spec.Name)
+		db.Seed(ctx, spec.Name, 200)
 		Eventually(func() float64 {
 			return testutil.ToFloat64(d.metrics.Released.WithLabelValues(releaseConfirmLost)) +
 				testutil.ToFloat64(d.metrics.Released.WithLabelValues(releaseBrokerUnavailable))
 		}, drainTimeout).Should(BeNumerically(">", 0), "the channel closed with 404 and the claims were released")
 		// A batch claimed ahead is released as soon as its publish fails.
-		Eventually(func() int { return count(ctx, spec.Name, "claimed_by IS NOT NULL") }, drainTimeout).Should(BeZero())
+		Eventually(func() int { return db.Count(ctx, spec.Name, "claimed_by IS NOT NULL") }, drainTimeout).Should(BeZero())
 		Consistently(func() int {
-			return count(ctx, spec.Name, "claimed_by IS NOT NULL OR attempts > 0 OR published_at IS NOT NULL")
+			return db.Count(ctx, spec.Name, "claimed_by IS NOT NULL OR attempts > 0 OR published_at IS NOT NULL")
 		}, 2*time.Second, 100*time.Millisecond).Should(BeZero(), "nothing claimed, bumped or published while the exchange is missing")
 
 		ch := amqpChannel()
 		Expect(ch.ExchangeDeclare(topo.Exchange, "topic", true, false, false, false, nil)).To(Succeed())
 		Expect(ch.QueueBind(topo.Queue, "#", topo.Exchange, false, nil)).To(Succeed())
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
-		Expect(count(ctx, spec.Name, "attempts > 0")).To(BeZero())
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		Expect(db.Count(ctx, spec.Name, "attempts > 0")).To(BeZero())
 	})
 
 	It("claims nothing while the broker is unreachable", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
-		seed(ctx, spec.Name, 20)
+		spec := db.CanonicalOutbox(ctx)
+		db.Seed(ctx, spec.Name, 20)
 		cfg := testConfig("drainer-a", spec, "amq.topic")
 		cfg.Broker.URL = "amqp://guest:guest@127.0.0.1:1/"
 		d := startDrainer(ctx, cfg)
@@ -250,18 +248,18 @@ var _ = Describe("Failures", Label("integration"), func() {
 		// window below watches.
 		Eventually(d.logs, drainTimeout).Should(gbytes.Say("Broker unavailable; claiming paused"))
 		Consistently(func() int {
-			return count(ctx, spec.Name, "claimed_by IS NOT NULL OR attempts > 0")
+			return db.Count(ctx, spec.Name, "claimed_by IS NOT NULL OR attempts > 0")
 		}, 2*time.Second, 100*time.Millisecond).Should(BeZero())
 	})
 
 	Describe("of a single row", func() {
-		var spec TableSpec
-		BeforeEach(func(ctx SpecContext) { spec = canonicalOutbox(ctx) })
+		var spec outbox.TableSpec
+		BeforeEach(func(ctx SpecContext) { spec = db.CanonicalOutbox(ctx) })
 
 		// failedRow waits for the row's first failure and returns its last_error
 		// and backoff, as the database sees them.
 		failedRow := func(ctx context.Context) (lastError string, backoff time.Duration) {
-			Eventually(func() int { return count(ctx, spec.Name, "attempts = 1") }, drainTimeout).Should(Equal(1))
+			Eventually(func() int { return db.Count(ctx, spec.Name, "attempts = 1") }, drainTimeout).Should(Equal(1))
 			var secs float64
 			Expect(pool.QueryRow(ctx, `SELECT last_error, extract(epoch FROM available_at - now())
 				FROM `+spec.Name+` WHERE claimed_by IS NULL AND published_at IS NULL`).Scan(&lastError, &secs)).To(Succeed())
@@ -270,7 +268,7 @@ var _ = Describe("Failures", Label("integration"), func() {
 
 		It("counts an attempt, stores the reason and backs off when mandatory is on and the message is unroutable", func(ctx SpecContext) {
 			topo := topology("nothing.matches", nil)
-			seed(ctx, spec.Name, 1)
+			db.Seed(ctx, spec.Name, 1)
 			cfg := testConfig("drainer-a", spec, topo.Exchange)
 			cfg.Broker.Mandatory = true
 			cfg.RetryInitial, cfg.RetryMax = time.Hour, 2*time.Hour
@@ -282,26 +280,26 @@ var _ = Describe("Failures", Label("integration"), func() {
 
 		It("marks an unroutable message published when mandatory is off, the default", func(ctx SpecContext) {
 			topo := topology("nothing.matches", nil)
-			seed(ctx, spec.Name, 1)
+			db.Seed(ctx, spec.Name, 1)
 			startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
-			Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL AND attempts = 0") }, drainTimeout).Should(Equal(1))
+			Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL AND attempts = 0") }, drainTimeout).Should(Equal(1))
 		})
 
 		It("caps the exponential backoff", func(ctx SpecContext) {
 			topo := topology("nothing.matches", nil)
-			seed(ctx, spec.Name, 1)
-			exec(ctx, "UPDATE "+spec.Name+" SET attempts = 3")
+			db.Seed(ctx, spec.Name, 1)
+			db.Exec(ctx, "UPDATE "+spec.Name+" SET attempts = 3")
 			cfg := testConfig("drainer-a", spec, topo.Exchange)
 			cfg.Broker.Mandatory = true
 			cfg.RetryInitial, cfg.RetryMax = time.Hour, 5*time.Hour // 1h × 2³ = 8h, capped at 5h
 			startDrainer(ctx, cfg)
-			Eventually(func() int { return count(ctx, spec.Name, "attempts = 4") }, drainTimeout).Should(Equal(1))
-			Expect(count(ctx, spec.Name, "available_at BETWEEN now() + interval '4 hours 59 minutes' AND now() + interval '5 hours'")).To(Equal(1))
+			Eventually(func() int { return db.Count(ctx, spec.Name, "attempts = 4") }, drainTimeout).Should(Equal(1))
+			Expect(db.Count(ctx, spec.Name, "available_at BETWEEN now() + interval '4 hours 59 minutes' AND now() + interval '5 hours'")).To(Equal(1))
 		})
 
 		It("fails a row with malformed headers without publishing it", func(ctx SpecContext) {
 			topo := topology("#", nil)
-			exec(ctx, "INSERT INTO "+spec.Name+` (event_type, payload, headers) VALUES ('order.created', '{}', '["not", "an object"]')`)
+			db.Exec(ctx, "INSERT INTO "+spec.Name+` (event_type, payload, headers) VALUES ('order.created', '{}', '["not", "an object"]')`)
 			startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
 			lastError, _ := failedRow(ctx)
 			Expect(lastError).To(ContainSubstring("headers: must be a JSON object"))
@@ -310,20 +308,20 @@ var _ = Describe("Failures", Label("integration"), func() {
 
 		It("poisons a row at maxAttempts: it is never due again, until replayed", func(ctx SpecContext) {
 			topo := topology("nothing.matches", nil)
-			seed(ctx, spec.Name, 1)
-			exec(ctx, "UPDATE "+spec.Name+" SET attempts = 2")
+			db.Seed(ctx, spec.Name, 1)
+			db.Exec(ctx, "UPDATE "+spec.Name+" SET attempts = 2")
 			cfg := testConfig("drainer-a", spec, topo.Exchange)
 			cfg.Broker.Mandatory, cfg.MaxAttempts = true, 3
 			startDrainer(ctx, cfg)
 			Eventually(func() int {
-				return count(ctx, spec.Name, "attempts = 3 AND available_at = 'infinity' AND claimed_by IS NULL")
+				return db.Count(ctx, spec.Name, "attempts = 3 AND available_at = 'infinity' AND claimed_by IS NULL")
 			}, drainTimeout).
 				Should(Equal(1))
 		})
 
 		It("fails an oversized row without loading its payload", func(ctx SpecContext) {
 			topo := topology("#", nil)
-			exec(ctx, "INSERT INTO "+spec.Name+` (event_type, payload) VALUES ('order.created', jsonb_build_object('pad', repeat('x', 500)))`)
+			db.Exec(ctx, "INSERT INTO "+spec.Name+` (event_type, payload) VALUES ('order.created', jsonb_build_object('pad', repeat('x', 500)))`)
 			cfg := testConfig("drainer-a", spec, topo.Exchange)
 			cfg.MaxPayloadBytes = 100
 			startDrainer(ctx, cfg)
@@ -333,27 +331,27 @@ var _ = Describe("Failures", Label("integration"), func() {
 	})
 
 	It("never claims poisoned rows", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
-		seed(ctx, spec.Name, 20)
-		poisoned := ids(ctx, spec.Name, "true LIMIT 10")
-		exec(ctx, "UPDATE "+spec.Name+" SET attempts = 3 WHERE id = ANY($1::uuid[])", poisoned)
+		db.Seed(ctx, spec.Name, 20)
+		poisoned := db.IDs(ctx, spec.Name, "true LIMIT 10")
+		db.Exec(ctx, "UPDATE "+spec.Name+" SET attempts = 3 WHERE id = ANY($1::uuid[])", poisoned)
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
 		cfg.MaxAttempts = 3
 		startDrainer(ctx, cfg)
 
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(10))
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(10))
 		Consistently(func() int {
-			return count(ctx, spec.Name, "claimed_by IS NULL AND published_at IS NULL AND id = ANY($1::uuid[])", poisoned)
+			return db.Count(ctx, spec.Name, "claimed_by IS NULL AND published_at IS NULL AND id = ANY($1::uuid[])", poisoned)
 		}, time.Second).Should(Equal(10))
 	})
 })
 
 var _ = Describe("Spent rows", Label("integration"), func() {
 	It("never hold back rows inserted after the drainer started: 20,000 rows poisoned under an older maxAttempts, polled once a second", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx) // no notify trigger: the poll finds the rows
+		spec := db.CanonicalOutbox(ctx) // no notify trigger: the poll finds the rows
 		topo := topology("#", nil)
-		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, enqueued_at, available_at, attempts, last_error)
+		db.Exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, enqueued_at, available_at, attempts, last_error)
 			SELECT 'order.created', jsonb_build_object('spent', g), now() - interval '1 day', now() - interval '1 day', 3 + g % 7, 'returned'
 			FROM generate_series(1, 20000) g`)
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
@@ -365,9 +363,9 @@ var _ = Describe("Spent rows", Label("integration"), func() {
 		ledger := startLedger(topo.Queue)
 
 		claims := func() uint64 { return histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") }
-		seed(ctx, spec.Name, 200)
-		inserted, claimsBefore, live := time.Now(), claims(), ids(ctx, spec.Name, "NOT payload ? 'spent'")
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout, 20*time.Millisecond).Should(Equal(200))
+		db.Seed(ctx, spec.Name, 200)
+		inserted, claimsBefore, live := time.Now(), claims(), db.IDs(ctx, spec.Name, "NOT payload ? 'spent'")
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout, 20*time.Millisecond).Should(Equal(200))
 		GinkgoWriter.Printf("200 rows inserted behind 20,000 spent rows were published in %s, by %d claims\n",
 			time.Since(inserted).Round(time.Millisecond), claims()-claimsBefore)
 		// Two claims of 100 and one that finds nothing more, and the poll
@@ -378,97 +376,8 @@ var _ = Describe("Spent rows", Label("integration"), func() {
 		Expect(lost).To(BeEmpty())
 		Expect(duplicates).To(BeZero())
 
-		Eventually(func() int { return count(ctx, spec.Name, "available_at = 'infinity'") }, drainTimeout).Should(Equal(20_000), "shelved")
+		Eventually(func() int { return db.Count(ctx, spec.Name, "available_at = 'infinity'") }, drainTimeout).Should(Equal(20_000), "shelved")
 		Expect(testutil.ToFloat64(d.metrics.Shelved)).To(Equal(20_000.0))
 		Expect(ledger.Total()).To(Equal(200), "no spent row was published")
 	})
 })
-
-var _ = Describe("The drainer's plans", Label("integration"), func() {
-	// settlesFind is how every settle must find each lease's own row, not
-	// every lease against every row.
-	DescribeTable("stay index and TID scans under generic plans, never a scan of the table",
-		func(ctx SpecContext, id, settlesFind string, rows int) {
-			spec := TableSpec{Name: "public." + testenv.UniqueName("outbox")}
-			exec(ctx, "CREATE TABLE "+spec.Name+" (id "+id+`, event_type text NOT NULL, payload jsonb NOT NULL, headers jsonb,
-				enqueued_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz)`)
-			dropAfterTest(spec.Name)
-			_, err := Migrate(ctx, pool, spec)
-			Expect(err).NotTo(HaveOccurred())
-			seed(ctx, spec.Name, rows)
-			if rows > 1000 { // grown, and analyzed as autovacuum would; a new table is not yet
-				exec(ctx, "ANALYZE "+spec.Name)
-			}
-			expectPlans(ctx, spec, settlesFind)
-		},
-		Entry("settles find rows through the index on a uuid id, which prunes their pages", "uuid PRIMARY KEY DEFAULT gen_random_uuid()", "Index Cond: (id = (s.id)::uuid)", 20_000),
-		Entry("… on a bigint id", "bigserial PRIMARY KEY", "Index Cond: (id = (s.id)::bigint)", 20_000),
-		Entry("… on a varchar id", "varchar(64) PRIMARY KEY DEFAULT gen_random_uuid()::text", "Index Cond: ((id)::text = s.id)", 20_000),
-		Entry("settles find rows by TID on a table without an index on the id", "uuid NOT NULL DEFAULT gen_random_uuid()", "TID Cond: (ctid = s.tid)", 20_000),
-		// A session plans each statement once, at its first execution: a new
-		// outbox or a new partition is empty then, and its plans must not
-		// read the table whole once it has grown.
-		Entry("… planned on an empty table, as a new outbox or partition is", "uuid PRIMARY KEY DEFAULT gen_random_uuid()", "Index Cond: (id = (s.id)::uuid)", 0),
-		Entry("… planned on a new table of a few rows", "uuid PRIMARY KEY DEFAULT gen_random_uuid()", "Index Cond: (id = (s.id)::uuid)", 5),
-		Entry("… planned on an empty table without an index on the id", "uuid NOT NULL DEFAULT gen_random_uuid()", "TID Cond: (ctid = s.tid)", 0),
-		Entry("… planned on a new table of a few rows without an index on the id", "uuid NOT NULL DEFAULT gen_random_uuid()", "TID Cond: (ctid = s.tid)", 5),
-	)
-})
-
-// expectPlans checks the generic plans of the claim and of every settle on
-// spec's table, made in a session of the drainer's own.
-func expectPlans(ctx context.Context, spec TableSpec, settlesFind string) {
-	store, err := OpenStore(ctx, pool, spec)
-	Expect(err).NotTo(HaveOccurred())
-	t := store.Table()
-	leases := []Lease{{ID: "00000000-0000-0000-0000-000000000001", Row: Locator{Table: 1, TID: pgtype.TID{BlockNumber: 1, OffsetNumber: 1, Valid: true}}, Token: time.Now()}}
-	policy := FailurePolicy{InitialMillis: 1000, MaxMillis: 1000, MaxAttempts: 10}
-
-	sessions, err := ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, "plans", false)
-	Expect(err).NotTo(HaveOccurred())
-	defer sessions.Close()
-	conn, err := sessions.Acquire(ctx)
-	Expect(err).NotTo(HaveOccurred())
-	defer conn.Release()
-	// plan EXPLAINs the statement's generic plan, with its own arguments
-	// written as literals: EXPLAIN EXECUTE takes no bound parameters.
-	plan := func(stmt Statement) string {
-		desc, err := conn.Conn().Prepare(ctx, "drainer_plan", stmt.SQL)
-		Expect(err).NotTo(HaveOccurred(), stmt.SQL)
-		defer conn.Conn().Deallocate(ctx, "drainer_plan") //nolint:errcheck
-		var literals []string
-		for i, arg := range stmt.Args {
-			text, err := conn.Conn().TypeMap().Encode(desc.ParamOIDs[i], pgtype.TextFormatCode, arg, nil)
-			Expect(err).NotTo(HaveOccurred())
-			literals = append(literals, quoteLiteral(string(text)))
-		}
-		rows, err := conn.Query(ctx, "EXPLAIN EXECUTE drainer_plan("+strings.Join(literals, ", ")+")")
-		Expect(err).NotTo(HaveOccurred())
-		lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		Expect(err).NotTo(HaveOccurred())
-		return strings.Join(lines, "\n")
-	}
-	claim := plan(t.Claim(claimParams("d", 100)))
-	Expect(claim).To(ContainSubstring("Index Scan using " + spec.objectName(claimIndexSuffix)))
-	// The rows taken are found in one TID scan of them all, not each in a
-	// scan of its own filtered by the whole list, quadratic in the claim.
-	Expect(claim).To(ContainSubstring("TID Cond: (ctid = ANY"))
-	Expect(claim).To(MatchRegexp(`(Hash|Merge) Cond: .*(\(o\.ctid\)::text = \(k\.tid\)::text|\(k\.tid\)::text = \(o\.ctid\)::text)`),
-		"matched to taken by a hash or a sort")
-	Expect(claim).NotTo(ContainSubstring("TID Cond: (ctid = k.tid)"))
-	for name, stmt := range map[string]Statement{
-		"claim":     t.Claim(claimParams("d", 100)),
-		"published": t.MarkPublished("d", leases),
-		"deleted":   t.DeletePublished("d", leases),
-		"failed":    t.RecordFailures("d", leases, []string{"x"}, policy),
-		"released":  t.Release("d", leases),
-		"held":      t.ReleaseHeld("d", 30*time.Second, nil),
-	} {
-		p := plan(stmt)
-		Expect(p).NotTo(ContainSubstring("Seq Scan on "+spec.objectName("")), name)
-		if name != "claim" && name != "held" {
-			Expect(p).To(ContainSubstring(settlesFind), name)
-			Expect(p).NotTo(ContainSubstring("Join Filter"), name)
-		}
-	}
-}

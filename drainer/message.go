@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -90,7 +91,7 @@ type messageShape struct {
 
 // buildMessage turns a claimed row into its routing key and message, or says
 // why the row cannot be published.
-func buildMessage(row Row, shape messageShape, limits messageLimits) (string, amqp.Publishing, *rowFault) {
+func buildMessage(row outbox.Row, shape messageShape, limits messageLimits) (string, amqp.Publishing, *rowFault) {
 	if row.Payload == nil {
 		return "", amqp.Publishing{}, &rowFault{reasonOversized,
 			fmt.Sprintf("payload is %d bytes, over the %d-byte limit (maxPayloadBytes)", row.Size, limits.maxPayloadBytes)}

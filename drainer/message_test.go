@@ -8,6 +8,7 @@ import (
 	. "github.com/onsi/gomega"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -15,8 +16,8 @@ var _ = Describe("Building a message from a row", func() {
 	key := "order.created"
 	limits := messageLimits{maxPayloadBytes: 1024, frameMax: 131072}
 	full := messageShape{contentType: contentTypeJSON, properties: FullProperties}
-	row := func() Row {
-		return Row{ID: "42", Payload: []byte(`{"n":1}`), Size: 7, RoutingKey: &key,
+	row := func() outbox.Row {
+		return outbox.Row{ID: "42", Payload: []byte(`{"n":1}`), Size: 7, RoutingKey: &key,
 			Headers:    []byte(`{"tenant":"acme","version":3,"ratio":0.5,"tags":["a"],"trace":{"id":"t1"}}`),
 			EnqueuedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)}
 	}
@@ -79,7 +80,7 @@ var _ = Describe("Building a message from a row", func() {
 	})
 
 	DescribeTable("rejects, as the row's fault, what would make amqp091 or the broker close the connection",
-		func(mutate func(*Row), reason, detail string) {
+		func(mutate func(*outbox.Row), reason, detail string) {
 			r := row()
 			mutate(&r)
 			_, _, fault := buildMessage(r, full, limits)
@@ -87,15 +88,15 @@ var _ = Describe("Building a message from a row", func() {
 			Expect(fault.reason).To(Equal(reason))
 			Expect(fault.detail).To(ContainSubstring(detail))
 		},
-		Entry("a routing key over 255 bytes", func(r *Row) { k := strings.Repeat("a", 256); r.RoutingKey = &k },
+		Entry("a routing key over 255 bytes", func(r *outbox.Row) { k := strings.Repeat("a", 256); r.RoutingKey = &k },
 			reasonTooLong, "routing key is 256 bytes, over the AMQP limit of 255"),
-		Entry("an id over 255 bytes, the message_id", func(r *Row) { r.ID = strings.Repeat("7", 300) },
+		Entry("an id over 255 bytes, the message_id", func(r *outbox.Row) { r.ID = strings.Repeat("7", 300) },
 			reasonTooLong, "id is 300 bytes as text, over the AMQP limit of 255 for message_id"),
-		Entry("a header key over 255 bytes", func(r *Row) { r.Headers = []byte(`{"` + strings.Repeat("k", 256) + `": 1}`) },
+		Entry("a header key over 255 bytes", func(r *outbox.Row) { r.Headers = []byte(`{"` + strings.Repeat("k", 256) + `": 1}`) },
 			reasonBadHeaders, "is 256 bytes, over the AMQP limit of 255"),
-		Entry("a nested header key over 255 bytes", func(r *Row) { r.Headers = []byte(`{"trace": {"` + strings.Repeat("k", 300) + `": 1}}`) },
+		Entry("a nested header key over 255 bytes", func(r *outbox.Row) { r.Headers = []byte(`{"trace": {"` + strings.Repeat("k", 300) + `": 1}}`) },
 			reasonBadHeaders, "trace: key"),
-		Entry("headers larger than the broker's frame", func(r *Row) { r.Headers = []byte(`{"big": "` + strings.Repeat("x", 140_000) + `"}`) },
+		Entry("headers larger than the broker's frame", func(r *outbox.Row) { r.Headers = []byte(`{"big": "` + strings.Repeat("x", 140_000) + `"}`) },
 			reasonBadHeaders, "over the broker's frame size of 131072"),
 	)
 

@@ -14,6 +14,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -58,8 +59,8 @@ func (f timeFlag) Set(s string) error {
 // poisonedOptions are the flags of spillway poisoned list, replay and park.
 type poisonedOptions struct {
 	Database secret.URLSource
-	Table    TableSpec
-	Request  PoisonedRequest
+	Table    outbox.TableSpec
+	Request  outbox.PoisonedRequest
 }
 
 // parsePoisonedFlags reads the flags of one spillway poisoned verb: the
@@ -69,7 +70,7 @@ func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
 	cfg := DefaultConfig()
 	fs := flag.NewFlagSet("poisoned "+verb, flag.ContinueOnError)
 	registerTableFlags(fs, &cfg)
-	o := poisonedOptions{Request: PoisonedRequest{Action: PoisonedAction(verb)}}
+	o := poisonedOptions{Request: outbox.PoisonedRequest{Action: outbox.PoisonedAction(verb)}}
 	sel := &o.Request.Selector
 	fs.IntVar(&o.Request.MaxAttempts, "max-attempts", cfg.MaxAttempts, "the fleet's --max-attempts: a row with this many attempts is poisoned")
 	fs.Var(listFlag{&sel.IDs}, "id", "pick these row ids (repeatable, or comma-separated)")
@@ -77,10 +78,10 @@ func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
 	fs.Var(timeFlag{&sel.EnqueuedSince}, "enqueued-since", "pick rows enqueued at or after this RFC 3339 time")
 	fs.Var(timeFlag{&sel.EnqueuedBefore}, "enqueued-before", "pick rows enqueued before this RFC 3339 time")
 	fs.BoolVar(&sel.Parked, "parked", false, "pick parked rows instead of poisoned ones (list, replay)")
-	fs.IntVar(&sel.Limit, "limit", DefaultSelectorLimit, "pick at most this many rows, oldest first")
+	fs.IntVar(&sel.Limit, "limit", outbox.DefaultSelectorLimit, "pick at most this many rows, oldest first")
 	if verb != "list" {
 		fs.BoolVar(&o.Request.DryRun, "dry-run", false, "print the rows that would change, and change nothing")
-		fs.IntVar(&o.Request.BatchSize, "batch-size", defaultChangeBatch, "rows changed per statement, each its own short transaction")
+		fs.IntVar(&o.Request.BatchSize, "batch-size", outbox.DefaultChangeBatch, "rows changed per statement, each its own short transaction")
 	}
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -94,7 +95,7 @@ func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
 	if verb == "list" {
 		// Any selector lists: parked rows are listed as well as poisoned.
 		listed := o.Request
-		listed.Action = ActionReplay
+		listed.Action = outbox.ActionReplay
 		errs = append(errs, listed.Validate(nil)...)
 	} else {
 		errs = append(errs, o.Request.Validate(nil)...)
@@ -128,12 +129,12 @@ func runPoisoned(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pool, err := ConnectPool(ctx, o.Database, "poisoned", true)
+	pool, err := outbox.ConnectPool(ctx, o.Database, "poisoned", true)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	table, err := ResolveOutbox(ctx, pool, o.Table)
+	table, err := outbox.ResolveOutbox(ctx, pool, o.Table)
 	if err != nil {
 		return secret.RedactError(err, url)
 	}
@@ -142,7 +143,7 @@ func runPoisoned(ctx context.Context, args []string, out io.Writer) error {
 		return errs.ToAggregate()
 	}
 	if verb == "list" || r.DryRun {
-		rows, err := ListPoisoned(ctx, pool, table, r.MaxAttempts, r.Selector)
+		rows, err := outbox.ListPoisoned(ctx, pool, table, r.MaxAttempts, r.Selector)
 		if err != nil {
 			return secret.RedactError(err, url)
 		}
@@ -152,7 +153,7 @@ func runPoisoned(ctx context.Context, args []string, out io.Writer) error {
 			return nil
 		}
 	}
-	change, err := ChangePoisoned(ctx, pool, table, r, nil)
+	change, err := outbox.ChangePoisoned(ctx, pool, table, r, nil)
 	if err != nil {
 		if change.Changed > 0 {
 			fmt.Fprintf(out, "%s %d of %d matched rows of %s before the error\n", pastTense(r.Action), change.Changed, change.Matched, table.Name())
@@ -174,7 +175,7 @@ func runPoisoned(ctx context.Context, args []string, out io.Writer) error {
 
 // printPoisoned prints rows as a table, each last error scrubbed of secrets
 // and cut to fit a line.
-func printPoisoned(out io.Writer, rows []PoisonedRow, databaseURL string) {
+func printPoisoned(out io.Writer, rows []outbox.PoisonedRow, databaseURL string) {
 	if len(rows) == 0 {
 		return
 	}
@@ -200,8 +201,8 @@ func limitNote(n, limit int) string {
 	return ""
 }
 
-func pastTense(a PoisonedAction) string {
-	if a == ActionPark {
+func pastTense(a outbox.PoisonedAction) string {
+	if a == outbox.ActionPark {
 		return "parked"
 	}
 	return "replayed"

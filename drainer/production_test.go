@@ -19,18 +19,19 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
 var _ = Describe("Fast wake-up", Label("integration"), func() {
 	It("publishes an inserted row well under a second with the notify trigger, while the poll is 10 s", func(ctx SpecContext) {
-		notified, polled := canonicalOutbox(ctx), canonicalOutbox(ctx)
-		_, err := InstallNotifyTrigger(ctx, pool, notified)
+		notified, polled := db.CanonicalOutbox(ctx), db.CanonicalOutbox(ctx)
+		_, err := outbox.InstallNotifyTrigger(ctx, pool, notified)
 		Expect(err).NotTo(HaveOccurred())
 		topo := topology("#", nil)
 		var drainers []*running
-		for _, spec := range []TableSpec{notified, polled} {
+		for _, spec := range []outbox.TableSpec{notified, polled} {
 			cfg := testConfig(testenv.UniqueName("drainer"), spec, topo.Exchange)
 			cfg.PollInterval = 10 * time.Second
 			drainers = append(drainers, startDrainer(ctx, cfg))
@@ -44,20 +45,20 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 		}
 
 		start := time.Now()
-		seed(ctx, notified.Name, 1)
-		Eventually(func() int { return count(ctx, notified.Name, "published_at IS NOT NULL") }, time.Second, 5*time.Millisecond).Should(Equal(1))
+		db.Seed(ctx, notified.Name, 1)
+		Eventually(func() int { return db.Count(ctx, notified.Name, "published_at IS NOT NULL") }, time.Second, 5*time.Millisecond).Should(Equal(1))
 		GinkgoWriter.Printf("insert to published: %s\n", time.Since(start))
 
-		seed(ctx, polled.Name, 1)
-		Consistently(func() int { return count(ctx, polled.Name, "published_at IS NOT NULL") }, time.Second).Should(BeZero(),
+		db.Seed(ctx, polled.Name, 1)
+		Consistently(func() int { return db.Count(ctx, polled.Name, "published_at IS NOT NULL") }, time.Second).Should(BeZero(),
 			"without the trigger the row waits for the poll: the fast path above was the notification")
 	})
 
 	// notifiedDrainer starts a drainer on a table with the notify trigger and
 	// a 10 s poll, and waits until only a notification can wake it.
-	notifiedDrainer := func(ctx SpecContext, coalesce time.Duration) (TableSpec, *running) {
-		spec := canonicalOutbox(ctx)
-		_, err := InstallNotifyTrigger(ctx, pool, spec)
+	notifiedDrainer := func(ctx SpecContext, coalesce time.Duration) (outbox.TableSpec, *running) {
+		spec := db.CanonicalOutbox(ctx)
+		_, err := outbox.InstallNotifyTrigger(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
 		cfg := testConfig(testenv.UniqueName("drainer"), spec, topology("#", nil).Exchange)
 		cfg.PollInterval, cfg.WakeCoalesce = 10*time.Second, coalesce
@@ -71,8 +72,8 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 		const coalesce = 2 * time.Second
 		spec, _ := notifiedDrainer(ctx, coalesce)
 		time.Sleep(coalesce) // the quiet spell: the last claim is a window ago
-		seed(ctx, spec.Name, 1)
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, coalesce/2, 5*time.Millisecond).Should(Equal(1),
+		db.Seed(ctx, spec.Name, 1)
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }, coalesce/2, 5*time.Millisecond).Should(Equal(1),
 			"a wake-up after a quiet spell does not wait out the coalescing window")
 	})
 
@@ -83,9 +84,9 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 		start := time.Now()
 		for i := range commits {
 			time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
-			seed(ctx, spec.Name, 1) // one transaction, one notification
+			db.Seed(ctx, spec.Name, 1) // one transaction, one notification
 		}
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(commits))
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(commits))
 		stream := time.Since(start)
 		claims := histogramCount(d.reg, "spillway_drainer_claim_duration_seconds") - before
 		GinkgoWriter.Printf("%d commits over %s drained in %d claims\n", commits, stream.Round(time.Millisecond), claims)
@@ -120,7 +121,7 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 		// The drainer's hush, as Postgres sees it: its shared hold on the
 		// trigger's lock.
 		hushes := func() int {
-			return count(ctx, "pg_locks", `locktype = 'advisory' AND mode = 'ShareLock' AND granted
+			return db.Count(ctx, "pg_locks", `locktype = 'advisory' AND mode = 'ShareLock' AND granted
 				AND classid::bigint = hashtext('spillway.notify')::bigint & 4294967295 AND objid::bigint = hashtext($1)::bigint & 4294967295`, spec.NotifyChannel())
 		}
 
@@ -133,12 +134,12 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 				counted, duringStream = i, notified.Load()
 			}
 			time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
-			seed(ctx, spec.Name, 1)
+			db.Seed(ctx, spec.Name, 1)
 			committed[i] = time.Now()
 		}
 		Expect(counted).To(BeNumerically(">=", 0), "the drainer hushed the stream")
 		duringStream = notified.Load() - duringStream
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(commits))
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(commits))
 		// A gap in the commits as long as a window, the test itself
 		// stalled, is the stream stopping: a claim finds nothing, the
 		// drainer lets go, and the next commit notifies before it hushes
@@ -156,9 +157,9 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 		By("after the stream, the drainer lets go, commits notify again and a lone one is claimed at once")
 		Eventually(hushes, drainTimeout).Should(BeZero())
 		before := notified.Load()
-		seed(ctx, spec.Name, 1)
+		db.Seed(ctx, spec.Name, 1)
 		Eventually(notified.Load, time.Second, 5*time.Millisecond).Should(BeNumerically(">", before))
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, time.Second, 5*time.Millisecond).Should(Equal(commits + 1))
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }, time.Second, 5*time.Millisecond).Should(Equal(commits + 1))
 
 		By("a drainer that stops while hushed leaves no hush behind")
 		streaming, streamed := make(chan struct{}), make(chan struct{})
@@ -170,7 +171,7 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 				case <-streaming:
 					return
 				case <-time.After(every):
-					seed(ctx, spec.Name, 1)
+					db.Seed(ctx, spec.Name, 1)
 				}
 			}
 		}()
@@ -181,29 +182,29 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 		<-streamed
 		Expect(hushes()).To(BeZero())
 		before = notified.Load()
-		seed(ctx, spec.Name, 1)
+		db.Seed(ctx, spec.Name, 1)
 		Eventually(notified.Load, time.Second, 5*time.Millisecond).Should(BeNumerically(">", before))
 	})
 })
 
 var _ = Describe("Retention", Label("integration"), func() {
 	It("deletes only what its windows allow", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
 		// A live lease is a claim whose due time is still ahead: the lease's end.
-		exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, enqueued_at, published_at, claimed_at, claimed_by, attempts) VALUES
+		db.Exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, enqueued_at, published_at, claimed_at, claimed_by, attempts) VALUES
 			('old.published',   '{}', now() - interval '3 hours', now() - interval '2 hours', NULL, NULL, 0),
 			('young.published', '{}', now() - interval '3 hours', now() - interval '30 minutes', NULL, NULL, 0),
 			('old.poisoned',    '{}', now() - interval '5 days', NULL, NULL, NULL, 10),
 			('old.leased',      '{}', now() - interval '5 days', NULL, now(), 'drainer-z', 0),
 			('young.poisoned',  '{}', now() - interval '1 hour', NULL, NULL, NULL, 10)`)
-		exec(ctx, "UPDATE "+spec.Name+" SET available_at = now() + interval '30 seconds' WHERE event_type = 'old.leased'")
+		db.Exec(ctx, "UPDATE "+spec.Name+" SET available_at = now() + interval '30 seconds' WHERE event_type = 'old.leased'")
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
 		published, unpublished := time.Hour, 24*time.Hour
 		cfg.Retention = Retention{Published: &published, UnpublishedMaxAge: &unpublished, Interval: 50 * time.Millisecond, BatchSize: 1}
 		d := startDrainer(ctx, cfg)
 
-		Eventually(func() int { return count(ctx, spec.Name, "true") }, drainTimeout).Should(Equal(3))
+		Eventually(func() int { return db.Count(ctx, spec.Name, "true") }, drainTimeout).Should(Equal(3))
 		Consistently(func() []string { return eventTypes(ctx, spec.Name) }, 300*time.Millisecond).
 			Should(ConsistOf("young.published", "old.leased", "young.poisoned"),
 				"a published row inside its window, a row under a live lease, a pending row inside unpublishedMaxAge")
@@ -213,15 +214,15 @@ var _ = Describe("Retention", Label("integration"), func() {
 
 	It("refuses an unpublishedMaxAge on a table without an enqueued-at column", func(ctx SpecContext) {
 		name := "public." + testenv.UniqueName("bare_outbox")
-		exec(ctx, `CREATE TABLE `+name+` (id bigserial PRIMARY KEY, payload jsonb NOT NULL, event_type text,
+		db.Exec(ctx, `CREATE TABLE `+name+` (id bigserial PRIMARY KEY, payload jsonb NOT NULL, event_type text,
 			published_at timestamptz, claimed_at timestamptz, claimed_by text, attempts int NOT NULL DEFAULT 0)`)
-		dropAfterTest(name)
-		_, err := Migrate(ctx, pool, TableSpec{Name: name})
+		db.DropAfterTest(name)
+		_, err := outbox.Migrate(ctx, pool, outbox.TableSpec{Name: name})
 		Expect(err).NotTo(HaveOccurred())
-		cfg := testConfig("drainer-a", TableSpec{Name: name}, "amq.topic")
+		cfg := testConfig("drainer-a", outbox.TableSpec{Name: name}, "amq.topic")
 		day := 24 * time.Hour
 		cfg.Retention.UnpublishedMaxAge = &day
-		store, err := OpenStore(ctx, pool, cfg.Table)
+		store, err := outbox.OpenStore(ctx, pool, cfg.Table)
 		Expect(err).NotTo(HaveOccurred())
 		_, err = New(cfg, store, NewMetrics(prometheus.NewRegistry()), slog.New(slog.DiscardHandler))
 		Expect(err).To(MatchError(ContainSubstring(`retention.unpublishedMaxAge: Invalid value: "24h0m0s": needs an enqueuedAt column`)))
@@ -244,12 +245,12 @@ func eventTypes(ctx context.Context, table string) []string {
 var _ = Describe("Database URL from a file", Label("integration"), func() {
 	It("reads the file again for every new connection, so a rotated secret needs no restart", func(ctx SpecContext) {
 		role := testenv.UniqueName("spillway_rotated")
-		exec(ctx, "CREATE ROLE "+role+" LOGIN")
-		DeferCleanup(func(ctx SpecContext) { exec(ctx, "DROP ROLE IF EXISTS "+role) })
+		db.Exec(ctx, "CREATE ROLE "+role+" LOGIN")
+		DeferCleanup(func(ctx SpecContext) { db.Exec(ctx, "DROP ROLE IF EXISTS "+role) })
 		file := filepath.Join(GinkgoT().TempDir(), "database-url")
 		Expect(os.WriteFile(file, []byte(testenv.DatabaseURL()+"\n"), 0o600)).To(Succeed())
 		id := testenv.UniqueName("drainer")
-		rotating, err := ConnectPool(ctx, secret.URLSource{File: file}, id, false)
+		rotating, err := outbox.ConnectPool(ctx, secret.URLSource{File: file}, id, false)
 		Expect(err).NotTo(HaveOccurred())
 		defer rotating.Close()
 		currentUser := func() string {
@@ -261,7 +262,7 @@ var _ = Describe("Database URL from a file", Label("integration"), func() {
 
 		rotated := "postgres://" + role + "@127.0.0.1:5432/test?sslmode=disable"
 		Expect(os.WriteFile(file, []byte(rotated), 0o600)).To(Succeed())
-		exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", "spillway-drainer/"+id)
+		db.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1", "spillway-drainer/"+id)
 		Eventually(currentUser, 10*time.Second, 50*time.Millisecond).Should(Equal(role))
 	})
 })
@@ -270,7 +271,7 @@ var _ = Describe("The drainer's database sessions", Label("integration"), func()
 	It("name the drainer, pin generic plans, scan no table whole, never JIT-compile, and commit asynchronously unless asked", func(ctx SpecContext) {
 		settings := func(synchronousCommit bool) []string {
 			id := testenv.UniqueName("drainer")
-			p, err := ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, id, synchronousCommit)
+			p, err := outbox.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, id, synchronousCommit)
 			Expect(err).NotTo(HaveOccurred())
 			defer p.Close()
 			var name, plans, seqscan, jit, commit string
@@ -286,22 +287,22 @@ var _ = Describe("The drainer's database sessions", Label("integration"), func()
 
 var _ = Describe("Graceful shutdown", Label("integration"), func() {
 	It("stops claiming, settles what was confirmed, releases the rest and returns within the shutdown timeout", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
-		seed(ctx, spec.Name, 20_000)
+		db.Seed(ctx, spec.Name, 20_000)
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
 		cfg.ShutdownTimeout = 5 * time.Second
 		d := newDrainer(ctx, cfg).start()
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout, 10*time.Millisecond).
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout, 10*time.Millisecond).
 			Should(BeNumerically(">=", 1000))
 
 		stopped := time.Now()
 		d.stop()
 		Eventually(d.done, cfg.ShutdownTimeout).Should(Receive(BeNil()))
 		GinkgoWriter.Printf("stopped in %s\n", time.Since(stopped))
-		Expect(count(ctx, spec.Name, "claimed_by IS NOT NULL AND published_at IS NULL")).To(BeZero(), "no claim left behind")
-		Expect(count(ctx, spec.Name, "attempts > 0")).To(BeZero())
-		published := count(ctx, spec.Name, "published_at IS NOT NULL")
+		Expect(db.Count(ctx, spec.Name, "claimed_by IS NOT NULL AND published_at IS NULL")).To(BeZero(), "no claim left behind")
+		Expect(db.Count(ctx, spec.Name, "attempts > 0")).To(BeZero())
+		published := db.Count(ctx, spec.Name, "published_at IS NOT NULL")
 		Expect(published).To(BeNumerically("<", 20_000), "stopped mid-drain")
 		Expect(testenv.QueueDepth(amqpChannel(), topo.Queue)).To(BeNumerically(">=", published), "every row marked published was confirmed")
 	})
@@ -319,9 +320,9 @@ var _ = Describe("Liveness", Label("integration"), func() {
 	}
 
 	It("answers /healthz ok while the claim loop drains and idles for many leases, with polls longer than the lease", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
-		seed(ctx, spec.Name, 2000)
+		db.Seed(ctx, spec.Name, 2000)
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
 		// The shortest lease depth 4 allows, and an idle wait three times it.
 		cfg.PipelineDepth, cfg.LeaseTTL, cfg.PollInterval = 4, 1200*time.Millisecond, 3600*time.Millisecond
@@ -332,7 +333,7 @@ var _ = Describe("Liveness", Label("integration"), func() {
 		// machine, then while it idles through three polls, each longer
 		// than the lease.
 		deadline := time.Now().Add(drainTimeout)
-		for count(ctx, spec.Name, "published_at IS NULL") > 0 {
+		for db.Count(ctx, spec.Name, "published_at IS NULL") > 0 {
 			code, body := healthz(srv)()
 			Expect(code).To(Equal(200), body)
 			Expect(time.Now()).To(BeTemporally("<", deadline), "drained")
@@ -342,7 +343,7 @@ var _ = Describe("Liveness", Label("integration"), func() {
 	})
 
 	It("fails /healthz once the claim loop has made no progress for longer than a lease, and says so", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		cfg := testConfig("drainer-a", spec, "amq.topic")
 		cfg.PipelineDepth, cfg.LeaseTTL = 1, 300*time.Millisecond
 		// Built and never run: its claim loop makes no progress at all.
@@ -372,23 +373,23 @@ var _ = Describe("Readiness", Label("integration"), func() {
 	}
 
 	It("is lost while the database refuses every claim, as for a renamed table, says why, and is back within a poll of the cure with every row published once", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
 		ledger := startLedger(topo.Queue)
-		seed(ctx, spec.Name, 300)
+		db.Seed(ctx, spec.Name, 300)
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
 		cfg.PollInterval = time.Second
 		d := startDrainer(ctx, cfg)
 		srv := httptest.NewServer(probeMux(d.reg, d.Drainer))
 		DeferCleanup(srv.Close)
 		readyz, healthz := get(srv, "/readyz"), get(srv, "/healthz")
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
 		Eventually(code(readyz), drainTimeout).Should(Equal(200))
 
 		_, name := spec.QualifiedName()
-		exec(ctx, "ALTER TABLE "+spec.Name+" RENAME TO "+name+"_away")
+		db.Exec(ctx, "ALTER TABLE "+spec.Name+" RENAME TO "+name+"_away")
 		renamed := time.Now()
-		exec(ctx, `INSERT INTO `+spec.Name+`_away (event_type, payload) SELECT 'order.created', '{}' FROM generate_series(1, 200)`)
+		db.Exec(ctx, `INSERT INTO `+spec.Name+`_away (event_type, payload) SELECT 'order.created', '{}' FROM generate_series(1, 200)`)
 		Eventually(code(readyz), 10*time.Second, 20*time.Millisecond).Should(Equal(503))
 		GinkgoWriter.Printf("unready %s after the rename\n", time.Since(renamed).Round(time.Millisecond))
 		_, body := readyz()
@@ -402,13 +403,13 @@ var _ = Describe("Readiness", Label("integration"), func() {
 		Expect(strings.Count(string(d.logs.Contents()), `"msg":"Claim failed"`)).To(Equal(1), "the first failure is logged, not every try")
 		Expect(strings.Count(string(d.logs.Contents()), `"msg":"The database keeps refusing claims`)).To(Equal(1))
 
-		exec(ctx, "ALTER TABLE "+spec.Name+"_away RENAME TO "+name)
+		db.Exec(ctx, "ALTER TABLE "+spec.Name+"_away RENAME TO "+name)
 		back := time.Now()
 		Eventually(code(readyz), 2*cfg.PollInterval, 10*time.Millisecond).Should(Equal(200))
 		GinkgoWriter.Printf("ready %s after the table's return (poll interval %s)\n", time.Since(back).Round(time.Millisecond), cfg.PollInterval)
 		Expect(testutil.CollectAndCount(d.metrics.StatementFailing)).To(BeZero())
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
-		all := ids(ctx, spec.Name, "true")
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		all := db.IDs(ctx, spec.Name, "true")
 		Expect(all).To(HaveLen(500))
 		Eventually(ledger.Missing).WithArguments(all).Should(BeZero())
 		lost, duplicates := ledger.Account(all)
@@ -417,18 +418,18 @@ var _ = Describe("Readiness", Label("integration"), func() {
 	})
 
 	It("is lost while the database refuses every settle, and is back once one succeeds, with no row lost", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
 		ledger := startLedger(topo.Queue)
 		_, name := spec.QualifiedName()
 		refuse := testenv.UniqueName("refuse")
 		// The application's own guard, refusing to mark rows published.
-		exec(ctx, `CREATE FUNCTION `+refuse+`() RETURNS trigger LANGUAGE plpgsql AS $$
+		db.Exec(ctx, `CREATE FUNCTION `+refuse+`() RETURNS trigger LANGUAGE plpgsql AS $$
 			BEGIN RAISE EXCEPTION 'outbox rows are read-only today' USING ERRCODE = 'P0001'; END $$`)
-		DeferCleanup(func(ctx SpecContext) { exec(ctx, "DROP FUNCTION IF EXISTS "+refuse+"() CASCADE") })
-		exec(ctx, `CREATE TRIGGER `+name+`_refuse BEFORE UPDATE ON `+spec.Name+`
+		DeferCleanup(func(ctx SpecContext) { db.Exec(ctx, "DROP FUNCTION IF EXISTS "+refuse+"() CASCADE") })
+		db.Exec(ctx, `CREATE TRIGGER `+name+`_refuse BEFORE UPDATE ON `+spec.Name+`
 			FOR EACH ROW WHEN (NEW.published_at IS NOT NULL) EXECUTE FUNCTION `+refuse+`()`)
-		seed(ctx, spec.Name, 100)
+		db.Seed(ctx, spec.Name, 100)
 		d := startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
 		srv := httptest.NewServer(probeMux(d.reg, d.Drainer))
 		DeferCleanup(srv.Close)
@@ -439,10 +440,10 @@ var _ = Describe("Readiness", Label("integration"), func() {
 		Expect(code(readyz)()).To(Equal(503))
 		Expect(testutil.ToFloat64(d.metrics.StatementFailing.WithLabelValues(statementSettle, "P0001"))).To(Equal(1.0))
 
-		exec(ctx, "DROP TRIGGER "+name+"_refuse ON "+spec.Name)
+		db.Exec(ctx, "DROP TRIGGER "+name+"_refuse ON "+spec.Name)
 		Eventually(code(readyz), drainTimeout, 20*time.Millisecond).Should(Equal(200))
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
-		all := ids(ctx, spec.Name, "true")
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		all := db.IDs(ctx, spec.Name, "true")
 		Eventually(ledger.Missing).WithArguments(all).Should(BeZero())
 		lost, duplicates := ledger.Account(all)
 		Expect(lost).To(BeEmpty())
@@ -450,7 +451,7 @@ var _ = Describe("Readiness", Label("integration"), func() {
 	})
 
 	It("is ready once the broker is connected and the database answers, and not after the broker connection closes", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
 		d := newDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
 		Expect(d.Ready(ctx)).To(MatchError("broker not connected"))

@@ -8,13 +8,14 @@ import (
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // Phase 2: publishing a claim's rows, and classifying each confirm.
 
 // publish is phase 2 for one batch. Every row enters the pipeline,
 // published or with its outcome already known.
-func (d *Drainer) publish(ctx context.Context, p *pipeline, c Claim) *batch {
+func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claim) *batch {
 	bt := &batch{claim: c, outcomes: make([]outcome, len(c.Rows)), settled: make(chan struct{})}
 	// Once the channel fails or shutdown starts, the rest of the batch is released.
 	var rest *outcome

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"golang.org/x/time/rate"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -67,16 +68,16 @@ var _ = Describe("The rate cap", func() {
 	})
 
 	It("holds two drainers of one table to --max-rate together, each publishing its share", Label("integration"), func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
-		seed(ctx, spec.Name, 8000)
+		db.Seed(ctx, spec.Name, 8000)
 		const capped = 400.0
 		for _, id := range []string{"drainer-a", "drainer-b"} {
 			cfg := testConfig(id, spec, topo.Exchange)
 			cfg.MaxRate = capped
 			startDrainer(ctx, cfg)
 		}
-		published := func() int { return count(ctx, spec.Name, "published_at IS NOT NULL") }
+		published := func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }
 		// Past each drainer's first burst and first seconds, before it has
 		// counted the other, while it takes the whole cap, and the wait
 		// that pays that back.
@@ -89,14 +90,14 @@ var _ = Describe("The rate cap", func() {
 		Expect(rate).To(BeNumerically(">=", 0.5*capped), "and lets them drain")
 		by := map[string]int{}
 		for _, id := range []string{"drainer-a", "drainer-b"} {
-			by[id] = count(ctx, spec.Name, "published_at IS NOT NULL AND claimed_by = $1", id)
+			by[id] = db.Count(ctx, spec.Name, "published_at IS NOT NULL AND claimed_by = $1", id)
 			Expect(by[id]).To(BeNumerically(">", 0), "each published its share: %v", by)
 		}
 	})
 
 	It("keeps each drainer to half the cap while both keep up with the commits, between claims as much as in them", Label("integration"), func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
-		_, err := InstallNotifyTrigger(ctx, pool, spec)
+		spec := db.CanonicalOutbox(ctx)
+		_, err := outbox.InstallNotifyTrigger(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())
 		topo := topology("#", nil)
 		const capped, commits = 150.0, 100
@@ -127,7 +128,7 @@ var _ = Describe("The rate cap", func() {
 		for _, d := range drainers {
 			Expect(testutil.ToFloat64(d.metrics.RateShare)).To(Equal(capped/2), "%s's spillway_drainer_rate_share_events_per_second", d.cfg.DrainerID)
 		}
-		Expect(count(ctx, spec.Name, "published_at IS NULL AND enqueued_at < now() - interval '1 second'")).To(BeZero(), "they kept up")
+		Expect(db.Count(ctx, spec.Name, "published_at IS NULL AND enqueued_at < now() - interval '1 second'")).To(BeZero(), "they kept up")
 
 		// A drainer that stops leaves the roster with its session, and the
 		// other takes the whole cap at its next count.

@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // A drainer whose claims or settles keep failing on the database's own
@@ -23,25 +23,9 @@ const refusalsToUnready = 3
 
 // The statements whose refusals make the drainer unready, as metric labels.
 const (
-	statementClaim  = "claim"
-	statementSettle = "settle"
+	statementClaim  = outbox.StatementClaim
+	statementSettle = outbox.StatementSettle
 )
-
-// refusal is the database's answer in err when it refused the statement for
-// a reason waiting out a connection would not cure, or nil.
-func refusal(err error) *pgconn.PgError {
-	var pg *pgconn.PgError
-	if !errors.As(err, &pg) {
-		return nil
-	}
-	switch {
-	case strings.HasPrefix(pg.Code, "08"), // connection exception
-		pg.Code == "57P01", pg.Code == "57P02", pg.Code == "57P03", // the server shutting down or starting up
-		pg.Code == "53300": // too many connections
-		return nil
-	}
-	return pg
-}
 
 // refusals are the failures in a row of each watched statement.
 type refusals struct {
@@ -55,8 +39,9 @@ type refusals struct {
 type failureStreak struct {
 	// tries counts every failure; refused, the refusals among the latest.
 	tries, refused int
-	answer         *pgconn.PgError
-	since, logged  time.Time
+	// answer is the last refusal, while refused counts it.
+	answer        outbox.Refusal
+	since, logged time.Time
 }
 
 func newRefusals(table string, metrics *Metrics) *refusals {
@@ -76,19 +61,19 @@ func (r *refusals) failed(statement string, err error, now time.Time) (streak fa
 	}
 	wasUnready := s.refused >= refusalsToUnready
 	s.tries++
-	answer := refusal(err)
-	r.metrics.StatementErrors.WithLabelValues(statement, sqlState(answer)).Inc()
-	if answer == nil {
-		s.refused = 0
-	} else {
+	answer, refused := outbox.Refused(err)
+	r.metrics.StatementErrors.WithLabelValues(statement, sqlState(answer, refused)).Inc()
+	if refused {
 		s.refused++
+	} else {
+		s.refused = 0
 	}
 	if wasUnready {
-		r.metrics.StatementFailing.DeleteLabelValues(statement, s.answer.Code)
+		r.metrics.StatementFailing.DeleteLabelValues(statement, s.answer.SQLState)
 	}
 	s.answer = answer
 	if s.refused >= refusalsToUnready {
-		r.metrics.StatementFailing.WithLabelValues(statement, answer.Code).Set(1)
+		r.metrics.StatementFailing.WithLabelValues(statement, answer.SQLState).Set(1)
 	}
 	log = s.tries == 1 || (s.refused == refusalsToUnready) || now.Sub(s.logged) >= time.Minute
 	if log {
@@ -106,7 +91,7 @@ func (r *refusals) succeeded(statement string) failureStreak {
 		return failureStreak{}
 	}
 	if s.refused >= refusalsToUnready {
-		r.metrics.StatementFailing.DeleteLabelValues(statement, s.answer.Code)
+		r.metrics.StatementFailing.DeleteLabelValues(statement, s.answer.SQLState)
 	}
 	delete(r.streaks, statement)
 	return *s
@@ -119,7 +104,7 @@ func (r *refusals) cause() error {
 	var causes []string
 	for _, statement := range []string{statementClaim, statementSettle} {
 		if s := r.streaks[statement]; s != nil && s.refused >= refusalsToUnready {
-			causes = append(causes, fmt.Sprintf("%ss on %s fail: %s; %d tries in a row since %s", statement, r.table, s.answer.Error(), s.tries,
+			causes = append(causes, fmt.Sprintf("%ss on %s fail: %s; %d tries in a row since %s", statement, r.table, s.answer.Text, s.tries,
 				s.since.UTC().Format(time.RFC3339)))
 		}
 	}
@@ -154,9 +139,9 @@ func (d *Drainer) statementSucceeded(statement string) {
 
 // sqlState is the SQLSTATE of a refusal, and "connection" for any other
 // failure.
-func sqlState(answer *pgconn.PgError) string {
-	if answer == nil {
+func sqlState(answer outbox.Refusal, refused bool) string {
+	if !refused {
 		return "connection"
 	}
-	return answer.Code
+	return answer.SQLState
 }

@@ -11,7 +11,7 @@ func (d *Drainer) followRotations(ctx context.Context) {
 	go func() {
 		err := d.cfg.Database.Watch(ctx, d.log, func() {
 			d.log.Info("Database URL file changed; replacing the database connections", "file", d.cfg.Database.File)
-			d.store.pool.Reset()
+			d.store.ResetConnections()
 		})
 		if err != nil {
 			d.log.Warn("Cannot watch the database URL file; a change is seen at the next reconnect", "error", err)

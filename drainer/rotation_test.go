@@ -14,6 +14,7 @@ import (
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -51,16 +52,16 @@ func rabbitmqctl(args ...string) string {
 
 var _ = Describe("Rotated connection Secrets", Label("integration"), func() {
 	It("follows a changed database URL file and broker URL file without a restart, losing nothing", func(ctx SpecContext) {
-		spec := canonicalOutbox(ctx)
+		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
 		ch := amqpChannel()
 
 		role := testenv.UniqueName("spillway_rotated")
-		exec(ctx, "CREATE ROLE "+role+" LOGIN")
-		exec(ctx, "GRANT SELECT, UPDATE ON "+spec.Name+" TO "+role)
+		db.Exec(ctx, "CREATE ROLE "+role+" LOGIN")
+		db.Exec(ctx, "GRANT SELECT, UPDATE ON "+spec.Name+" TO "+role)
 		DeferCleanup(func(ctx SpecContext) {
-			exec(ctx, "REVOKE ALL ON "+spec.Name+" FROM "+role)
-			exec(ctx, "DROP ROLE IF EXISTS "+role)
+			db.Exec(ctx, "REVOKE ALL ON "+spec.Name+" FROM "+role)
+			db.Exec(ctx, "DROP ROLE IF EXISTS "+role)
 		})
 		users := []string{testenv.UniqueName("spillway_first"), testenv.UniqueName("spillway_second")}
 		for _, u := range users {
@@ -74,17 +75,17 @@ var _ = Describe("Rotated connection Secrets", Label("integration"), func() {
 		id := testenv.UniqueName("rotating")
 		cfg := testConfig(id, spec, topo.Exchange)
 		cfg.Database, cfg.Broker.URLSource = secret.URLSource{File: database.file()}, secret.URLSource{File: broker.file()}
-		dbPool, err := ConnectPool(ctx, cfg.Database, id, false)
+		dbPool, err := outbox.ConnectPool(ctx, cfg.Database, id, false)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(dbPool.Close)
-		store, err := OpenStore(ctx, dbPool, spec)
+		store, err := outbox.OpenStore(ctx, dbPool, spec)
 		Expect(err).NotTo(HaveOccurred())
 		d, err := New(cfg, store, NewMetrics(prometheus.NewRegistry()), slog.New(slog.NewTextHandler(io.Discard, nil)))
 		Expect(err).NotTo(HaveOccurred())
 		(&running{Drainer: d}).start()
 
-		seed(ctx, spec.Name, 500)
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		db.Seed(ctx, spec.Name, 500)
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
 		// Who the drainer's sessions are, its LISTEN session aside: that one
 		// only wakes it, and polling covers for it.
 		sessionUsers := func() []string {
@@ -99,14 +100,14 @@ var _ = Describe("Rotated connection Secrets", Label("integration"), func() {
 
 		database.write("postgres://" + role + "@127.0.0.1:5432/test?sslmode=disable")
 		broker.write(brokerURL(users[1]))
-		seed(ctx, spec.Name, 500)
-		Eventually(func() int { return count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
+		db.Seed(ctx, spec.Name, 500)
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
 		Eventually(sessionUsers, 10*time.Second, 100*time.Millisecond).Should(And(Not(BeEmpty()), HaveEach(role)),
 			"the old database sessions are gone, the new ones are the rotated role's")
 		Eventually(brokerUsers, 10*time.Second, 500*time.Millisecond).Should(And(
 			MatchRegexp(users[1]+`\s.*spillway-drainer/`+id), Not(MatchRegexp(users[0]+`\s.*spillway-drainer/`+id))))
 		Expect(testenv.QueueDepth(ch, topo.Queue)).To(BeNumerically(">=", 1000), "every row published, none lost")
-		Expect(count(ctx, spec.Name, "attempts > 0")).To(BeZero(), "a rotation counts no attempt")
+		Expect(db.Count(ctx, spec.Name, "attempts > 0")).To(BeZero(), "a rotation counts no attempt")
 	})
 })
 

@@ -6,6 +6,7 @@ import (
 
 	"github.com/cenkalti/backoff/v5"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -45,16 +46,16 @@ func (d *Drainer) settleLoop(ctx context.Context, settle <-chan *batch) {
 // a published row lets its key's next row go, and so does a failed one when
 // failures skip (it is poisoned at once); a released row stays its key's
 // head, and so does a failed one when failures block.
-func settlementOf(group []*batch, skip bool) Settlement {
-	var st Settlement
+func settlementOf(group []*batch, skip bool) outbox.Settlement {
+	var st outbox.Settlement
 	rows := 0
 	for _, b := range group {
 		rows += len(b.outcomes)
 	}
-	st.Published = make([]Lease, 0, rows) // most rows are published
+	st.Published = make([]outbox.Lease, 0, rows) // most rows are published
 	for _, b := range group {
 		for i, o := range b.outcomes {
-			lease, key := b.claim.lease(i), b.claim.Rows[i].Key
+			lease, key := b.claim.Lease(i), b.claim.Rows[i].Key
 			switch o.kind {
 			case published:
 				st.Published = append(st.Published, lease)
@@ -85,7 +86,7 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 	// refused is unready, and must be ready again within a poll of the cure.
 	every := newRetryBackoff()
 	every.MaxInterval = min(every.MaxInterval, d.cfg.PollInterval*2/3) // and its jitter of a half
-	done, err := backoff.Retry(ctx, func() (Settled, error) {
+	done, err := backoff.Retry(ctx, func() (outbox.Settled, error) {
 		tries++
 		done, err := d.store.Settle(ctx, d.cfg.DrainerID, st, d.cfg.failurePolicy())
 		if err != nil {
@@ -136,7 +137,7 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 // pace feeds the commit guard one settle: its rows, and its commit when
 // timed. A settle that changed no row wrote no WAL, so its commit flushed
 // nothing and says nothing of the database's.
-func (d *Drainer) pace(st Settlement, done Settled) {
+func (d *Drainer) pace(st outbox.Settlement, done outbox.Settled) {
 	if d.guard == nil {
 		return
 	}

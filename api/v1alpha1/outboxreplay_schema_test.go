@@ -10,7 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -36,7 +36,7 @@ var _ = Describe("The OutboxReplay schema", Label("integration"), func() {
 		var r v1alpha1.OutboxReplay
 		Expect(k8s.Get(ctx, client.ObjectKeyFromObject(u), &r)).To(Succeed())
 		Expect(r.Spec.DryRun).To(BeFalse())
-		Expect(int(r.Spec.Selector.Limit)).To(Equal(drainer.DefaultSelectorLimit))
+		Expect(int(r.Spec.Selector.Limit)).To(Equal(outbox.DefaultSelectorLimit))
 		Expect(r.Spec.Selector.IDs).To(BeEmpty())
 	})
 

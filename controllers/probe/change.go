@@ -12,7 +12,7 @@ import (
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/controllers/resource"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -28,7 +28,7 @@ type ChangeResult struct {
 	// Table is the outbox table, once resolved.
 	Table string
 	// Change is what was done, also when the run stopped part way.
-	Change drainer.PoisonedChange
+	Change outbox.PoisonedChange
 }
 
 // Change replays or parks an outbox's poisoned rows as req says, through
@@ -38,7 +38,7 @@ type ChangeResult struct {
 // every batch). timeout bounds the connect, the catalog look-up and each
 // statement on the server. The error is only for the API server failing
 // to answer; everything else is in the result.
-func Change(ctx context.Context, secrets client.Reader, namespace string, db v1alpha1.DatabaseSpec, req drainer.PoisonedRequest,
+func Change(ctx context.Context, secrets client.Reader, namespace string, db v1alpha1.DatabaseSpec, req outbox.PoisonedRequest,
 	timeout time.Duration) (ChangeResult, error) {
 	ref := db.URLSecretRef
 	url, missing, err := secretValue(ctx, secrets, namespace, "database URL", ref)
@@ -73,16 +73,16 @@ func Change(ctx context.Context, secrets client.Reader, namespace string, db v1a
 			Message: fmt.Sprintf("Connect to %s: %v", redacted, noAnswer(bounded, secret.RedactError(err, url), timeout))}, nil
 	}
 	defer conn.Release()
-	table, err := drainer.ResolveOutbox(bounded, conn, spec)
-	if unusable := (*drainer.UnusableTableError)(nil); errors.As(err, &unusable) {
+	table, err := outbox.ResolveOutbox(bounded, conn, spec)
+	if unusable := (*outbox.UnusableTableError)(nil); errors.As(err, &unusable) {
 		return ChangeResult{Reason: v1alpha1.ReasonTableNotUsable, Message: err.Error()}, nil
 	} else if err != nil {
 		return ChangeResult{Reason: v1alpha1.ReasonQueryFailed, Message: noAnswer(bounded, secret.RedactError(err, url), timeout).Error()}, nil
 	}
 	req.StatementTimeout = timeout
-	done, err := drainer.ChangePoisoned(ctx, conn, table, req, field.NewPath("spec"))
+	done, err := outbox.ChangePoisoned(ctx, conn, table, req, field.NewPath("spec"))
 	result := ChangeResult{Table: table.Name(), Change: done}
-	if invalid := (*drainer.InvalidSelectorError)(nil); errors.As(err, &invalid) {
+	if invalid := (*outbox.InvalidSelectorError)(nil); errors.As(err, &invalid) {
 		result.Reason, result.Message = v1alpha1.ReasonInvalidSelector, err.Error()
 	} else if err != nil {
 		result.Reason, result.Message = v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), timeout).Error()

@@ -17,7 +17,7 @@ import (
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/controllers/resource"
 	"github.com/spillway-io/spillway/controllers/status"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -76,7 +76,7 @@ func secretValue(ctx context.Context, secrets client.Reader, namespace, what str
 // though it lets the outbox be read.
 // The messages it returns never include the URL's password, nor do the
 // poisoned rows' last errors include either URL's.
-func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL string) (reason, message string, outbox *drainer.OutboxStatus) {
+func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL string) (reason, message string, read *outbox.OutboxStatus) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
 	defer cancel()
 	spec, err := resource.TableSpec(t.Database, t.Ordering)
@@ -102,22 +102,22 @@ func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL strin
 	}
 	// Rolled back: it only read.
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	limits := drainer.ProbeLimits(p.opts.Timeout)
+	limits := outbox.ProbeLimits(p.opts.Timeout)
 	if _, err := tx.Exec(ctx, limits.SQL, limits.Args...); err != nil {
 		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
-	resolved, err := drainer.ResolveOutbox(ctx, tx, spec)
-	if unusable := (*drainer.UnusableTableError)(nil); errors.As(err, &unusable) {
+	resolved, err := outbox.ResolveOutbox(ctx, tx, spec)
+	if unusable := (*outbox.UnusableTableError)(nil); errors.As(err, &unusable) {
 		return v1alpha1.ReasonTableNotUsable, err.Error(), nil
 	} else if err != nil {
 		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
-	o, err := drainer.ReadBoundedOutboxStatus(ctx, tx, resolved, t.MaxAttempts, p.opts.CountLimit, url, brokerURL)
+	o, err := outbox.ReadBoundedOutboxStatus(ctx, tx, resolved, t.MaxAttempts, p.opts.CountLimit, url, brokerURL)
 	if err != nil {
 		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
 	}
-	if t.Ordering != nil && t.Ordering.OnFailure != drainer.OnFailureSkip {
-		blocked, err := drainer.ReadBlockedKeys(ctx, tx, resolved, p.opts.CountLimit)
+	if t.Ordering != nil && t.Ordering.OnFailure != outbox.OnFailureSkip {
+		blocked, err := outbox.ReadBlockedKeys(ctx, tx, resolved, p.opts.CountLimit)
 		if err != nil {
 			return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
 		}
@@ -125,8 +125,8 @@ func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL strin
 	}
 	// Last, since a refused rehearsal ends the transaction: the numbers
 	// are read, and go with the refusal.
-	if err := drainer.Rehearse(ctx, tx, resolved, t.MaxAttempts); err != nil {
-		if refused := (*drainer.StatementRefusedError)(nil); errors.As(err, &refused) {
+	if err := outbox.Rehearse(ctx, tx, resolved, t.MaxAttempts); err != nil {
+		if refused := (*outbox.StatementRefusedError)(nil); errors.As(err, &refused) {
 			return v1alpha1.ReasonStatementRefused, err.Error(), &o
 		}
 		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
@@ -144,13 +144,13 @@ func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL strin
 // here: its settles are fenced on their claims, so the rows are published
 // again, a duplicate and never a loss. Each release is a short
 // transaction of its own, bounded on the server like the read.
-func (p *Prober) releaseDead(ctx context.Context, conn *pgxpool.Conn, table *drainer.Table, t Target, url string) {
+func (p *Prober) releaseDead(ctx context.Context, conn *pgxpool.Conn, table *outbox.Table, t Target, url string) {
 	log := ctrl.LoggerFrom(ctx).WithValues("outboxdrainer", t.Key)
 	fleet := &v1alpha1.OutboxDrainer{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "OutboxDrainer"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: t.Key.Namespace, Name: t.Key.Name, UID: t.UID},
 	}
-	limits := drainer.ProbeLimits(p.opts.Timeout)
+	limits := outbox.ProbeLimits(p.opts.Timeout)
 	for _, d := range t.Dead {
 		// The pod is the event's related object: the recorder folds events
 		// of the same object, reason and related object into one series.

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // Where a drainer finds its connection URLs: each referenced Secret key is
@@ -41,10 +42,10 @@ func columnMapping(c v1alpha1.Columns) [][2]string {
 // operator's status query resolves the table exactly as a drainer does.
 // With ordering, it is the ordered table, whose blocked keys the status
 // counts.
-func TableSpec(db v1alpha1.DatabaseSpec, ordering *v1alpha1.Ordering) (drainer.TableSpec, error) {
-	spec := drainer.TableSpec{
+func TableSpec(db v1alpha1.DatabaseSpec, ordering *v1alpha1.Ordering) (outbox.TableSpec, error) {
+	spec := outbox.TableSpec{
 		Name: db.Table,
-		RoutingKey: drainer.RoutingKey{
+		RoutingKey: outbox.RoutingKey{
 			Column:       string(db.RoutingKey.Column),
 			PayloadField: db.RoutingKey.PayloadField,
 			Constant:     db.RoutingKey.Constant,
@@ -59,7 +60,7 @@ func TableSpec(db v1alpha1.DatabaseSpec, ordering *v1alpha1.Ordering) (drainer.T
 		}
 	}
 	if ordering != nil {
-		spec.Ordering = drainer.Ordering{KeyColumn: string(ordering.KeyColumn), OnFailure: ordering.OnFailure}
+		spec.Ordering = outbox.Ordering{KeyColumn: string(ordering.KeyColumn), OnFailure: ordering.OnFailure}
 	}
 	return spec, nil
 }

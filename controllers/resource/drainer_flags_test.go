@@ -12,6 +12,7 @@ import (
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 var _ = Describe("The drainer's view of the spec", func() {
@@ -20,7 +21,7 @@ var _ = Describe("The drainer's view of the spec", func() {
 		for _, m := range columnMapping(v1alpha1.Columns{}) {
 			names = append(names, m[0])
 		}
-		Expect(names).To(Equal(drainer.ColumnFlagNames()))
+		Expect(names).To(Equal(outbox.ColumnFlagNames()))
 	})
 
 	It("is the table spec a drainer would build from the same flags", func() {
@@ -31,11 +32,11 @@ var _ = Describe("The drainer's view of the spec", func() {
 		}
 		spec, err := TableSpec(db, &v1alpha1.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"})
 		Expect(err).NotTo(HaveOccurred())
-		Expect(spec).To(Equal(drainer.TableSpec{
+		Expect(spec).To(Equal(outbox.TableSpec{
 			Name:       "public.athena_outbox",
-			Columns:    drainer.Columns{ID: "event_id", EnqueuedAt: "created_at", LastError: "error"},
-			RoutingKey: drainer.RoutingKey{Column: "kind"},
-			Ordering:   drainer.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"},
+			Columns:    outbox.Columns{ID: "event_id", EnqueuedAt: "created_at", LastError: "error"},
+			RoutingKey: outbox.RoutingKey{Column: "kind"},
+			Ordering:   outbox.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"},
 		}))
 		Expect(spec.Validate(field.NewPath("spec", "database"))).To(BeEmpty())
 	})
@@ -75,7 +76,7 @@ var _ = Describe("The drainer's command line", func() {
 		Expect(cfg.MaxRate).To(Equal(1600.0))
 		Expect(cfg.MaxCommitLatency).To(Equal(4 * time.Millisecond))
 		Expect(cfg.Broker.MessageProperties).To(Equal(drainer.CompactProperties))
-		Expect(cfg.Table.Ordering).To(Equal(drainer.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}))
+		Expect(cfg.Table.Ordering).To(Equal(outbox.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}))
 		Expect(httpAddr).To(Equal(fmt.Sprintf(":%d", MetricsPort)))
 	})
 

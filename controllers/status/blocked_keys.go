@@ -7,7 +7,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // maxShownKey is where the status cuts an ordering key: a key is the
@@ -17,7 +17,7 @@ const maxShownKey = 256
 // BlockedKeys is the outbox's blocked keys as the status shows them, at the
 // second's precision the status keeps; nil when the read counts none (no
 // ordering, or failures skip).
-func BlockedKeys(o *drainer.OutboxStatus) *v1alpha1.BlockedKeys {
+func BlockedKeys(o *outbox.OutboxStatus) *v1alpha1.BlockedKeys {
 	b := o.Blocked
 	if b == nil {
 		return nil

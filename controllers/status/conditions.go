@@ -11,7 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // Probe is what one read of the referenced Secrets and the outbox found.
@@ -25,7 +25,7 @@ type Probe struct {
 	// exist, the broker's included.
 	MissingSecrets []string
 	// Outbox is set when the read succeeded.
-	Outbox *drainer.OutboxStatus
+	Outbox *outbox.OutboxStatus
 }
 
 // Conflict is a child object's name taken by an object that the

@@ -9,7 +9,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // ReplayRun is what one reconcile of an OutboxReplay found and did.
@@ -26,11 +26,11 @@ type ReplayRun struct {
 	Table       string
 	MaxAttempts int32
 	// Change is what this run did, in part when Reason is set.
-	Change drainer.PoisonedChange
+	Change outbox.PoisonedChange
 }
 
 // maxRecordedIDs is how many row ids an OutboxReplay's status keeps.
-const maxRecordedIDs = drainer.MaxRecordedIDs
+const maxRecordedIDs = outbox.MaxRecordedIDs
 
 // ReplayDone reports whether an OutboxReplay was carried out, or failed for
 // good: either way it never runs again.

@@ -11,7 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 var _ = Describe("An OutboxReplay's status", func() {
@@ -22,7 +22,7 @@ var _ = Describe("An OutboxReplay's status", func() {
 			Spec:       v1alpha1.OutboxReplaySpec{Action: action, DryRun: dryRun, Selector: v1alpha1.RowSelector{Limit: 1000}},
 		}
 	}
-	ran := func(change drainer.PoisonedChange) ReplayRun {
+	ran := func(change outbox.PoisonedChange) ReplayRun {
 		return ReplayRun{Generation: 1, Started: started, Now: started.Add(1500 * time.Millisecond), Table: "public.outbox", MaxAttempts: 10,
 			Change: change}
 	}
@@ -34,7 +34,7 @@ var _ = Describe("An OutboxReplay's status", func() {
 
 	It("records a replay carried out: what matched, what changed, when, and Complete, each condition at the generation acted on", func() {
 		r := replay(v1alpha1.ReplayActionReplay, false)
-		s := NextReplayStatus(r, ran(drainer.PoisonedChange{Matched: 3, Counted: true, Changed: 3, IDs: []string{"a", "b", "c"}}))
+		s := NextReplayStatus(r, ran(outbox.PoisonedChange{Matched: 3, Counted: true, Changed: 3, IDs: []string{"a", "b", "c"}}))
 		Expect(s.Matched).To(Equal(ptr.To(int64(3))))
 		Expect(s.Changed).To(Equal(ptr.To(int64(3))))
 		Expect(s.RowIDs).To(Equal([]string{"a", "b", "c"}))
@@ -50,28 +50,28 @@ var _ = Describe("An OutboxReplay's status", func() {
 	})
 
 	It("says how many matched rows were left alone, and what a dry run and an empty match did", func() {
-		s := NextReplayStatus(replay(v1alpha1.ReplayActionPark, false), ran(drainer.PoisonedChange{Matched: 5, Counted: true, Changed: 4}))
+		s := NextReplayStatus(replay(v1alpha1.ReplayActionPark, false), ran(outbox.PoisonedChange{Matched: 5, Counted: true, Changed: 4}))
 		Expect(conditionOf(s, v1alpha1.ReplayComplete)).To(And(HaveField("Reason", "RowsParked"), HaveField("Message",
 			"Parked 4 of 5 matched rows of public.outbox; the other 1 were locked, leased or changed by others meanwhile, and left alone")))
-		s = NextReplayStatus(replay(v1alpha1.ReplayActionPark, true), ran(drainer.PoisonedChange{Matched: 5, Counted: true, IDs: []string{"a"}}))
+		s = NextReplayStatus(replay(v1alpha1.ReplayActionPark, true), ran(outbox.PoisonedChange{Matched: 5, Counted: true, IDs: []string{"a"}}))
 		Expect(s.Changed).To(Equal(ptr.To(int64(0))), "shown as 0, not blank")
 		Expect(s.RowIDs).To(Equal([]string{"a"}))
 		Expect(conditionOf(s, v1alpha1.ReplayComplete)).To(And(HaveField("Reason", "DryRun"),
 			HaveField("Message", "Dry run: 5 rows of public.outbox match and would be parked; nothing changed")))
-		s = NextReplayStatus(replay(v1alpha1.ReplayActionReplay, false), ran(drainer.PoisonedChange{Counted: true}))
+		s = NextReplayStatus(replay(v1alpha1.ReplayActionReplay, false), ran(outbox.PoisonedChange{Counted: true}))
 		Expect(conditionOf(s, v1alpha1.ReplayComplete)).To(HaveField("Message", "No row of public.outbox matched the selector; nothing changed"))
 	})
 
 	It("keeps the first count and adds up what runs changed when a change goes on over several runs, recording at most 100 ids", func() {
 		r := replay(v1alpha1.ReplayActionReplay, false)
-		first := ran(drainer.PoisonedChange{Matched: 250, Counted: true, Changed: 120, IDs: ids(100)})
+		first := ran(outbox.PoisonedChange{Matched: 250, Counted: true, Changed: 120, IDs: ids(100)})
 		first.Reason, first.Message = v1alpha1.ReasonRunning, "120 rows of public.outbox changed in this run of 5m0s; going on"
 		r.Status = *NextReplayStatus(r, first)
 		Expect(ReplayDone(r.Status)).To(BeFalse())
 		Expect(r.Status.CompletionTime).To(BeNil())
 		Expect(conditionOf(&r.Status, v1alpha1.ReplayComplete)).To(And(HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "Running")))
 
-		broken := ran(drainer.PoisonedChange{Matched: 130, Counted: true, Changed: 30, IDs: []string{"late"}})
+		broken := ran(outbox.PoisonedChange{Matched: 130, Counted: true, Changed: 30, IDs: []string{"late"}})
 		broken.Reason, broken.Message = v1alpha1.ReasonQueryFailed, "canceling statement due to statement timeout"
 		broken.Started = started.Add(time.Hour)
 		running := r.Status.DeepCopy().Conditions
@@ -82,7 +82,7 @@ var _ = Describe("An OutboxReplay's status", func() {
 		r.Status = *NextReplayStatus(r, unreachable)
 		Expect(ReplayDone(r.Status)).To(BeFalse())
 
-		last := ran(drainer.PoisonedChange{Matched: 100, Counted: true, Changed: 100})
+		last := ran(outbox.PoisonedChange{Matched: 100, Counted: true, Changed: 100})
 		r.Status = *NextReplayStatus(r, last)
 		Expect(r.Status.Matched).To(Equal(ptr.To(int64(250))), "what the selector matched when the change began")
 		Expect(r.Status.Changed).To(Equal(ptr.To(int64(250))))

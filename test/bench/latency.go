@@ -15,6 +15,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -58,7 +59,7 @@ func (b *bench) commitLatency(ctx context.Context, notify bool, coalesce time.Du
 	spec := b.outbox(ctx)
 	defer b.exec(ctx, "DROP TABLE "+spec.Name)
 	if notify {
-		if _, err := drainer.InstallNotifyTrigger(ctx, b.pool, spec); err != nil {
+		if _, err := outbox.InstallNotifyTrigger(ctx, b.pool, spec); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -181,7 +182,7 @@ func bucketQuantile(h *dto.Histogram, q float64) time.Duration {
 
 // countNotifications listens on spec's channel, as a drainer does, and
 // counts into n what the commits notify until the returned func is called.
-func countNotifications(ctx context.Context, spec drainer.TableSpec, n *atomic.Int64) (stop func()) {
+func countNotifications(ctx context.Context, spec outbox.TableSpec, n *atomic.Int64) (stop func()) {
 	conn, err := pgx.Connect(ctx, testenv.DatabaseURL())
 	if err != nil {
 		log.Fatal(err)

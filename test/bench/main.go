@@ -27,6 +27,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -457,14 +458,14 @@ publishing:
 // storeWithoutBroker opens the drainer's store with the drainer's own
 // session settings (asynchronous commit, as in production) and the default
 // claim parameters, for running the drainer's SQL on its own.
-func storeWithoutBroker(ctx context.Context, spec drainer.TableSpec, id string) (*drainer.Store, drainer.ClaimParams, func()) {
+func storeWithoutBroker(ctx context.Context, spec outbox.TableSpec, id string) (*outbox.Store, outbox.ClaimParams, func()) {
 	cfg := drainer.DefaultConfig()
 	cfg.DrainerID, cfg.BatchSize = id, *batchSize
-	pool, err := drainer.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, id, cfg.SynchronousCommit)
+	pool, err := outbox.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, id, cfg.SynchronousCommit)
 	if err != nil {
 		log.Fatal(err)
 	}
-	store, err := drainer.OpenStore(ctx, pool, spec)
+	store, err := outbox.OpenStore(ctx, pool, spec)
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -474,14 +475,14 @@ func storeWithoutBroker(ctx context.Context, spec drainer.TableSpec, id string) 
 // claimAndMark claims a batch and marks it published, as a drainer whose
 // every publish was acked does. It returns the rows claimed and how long the
 // claim statement took.
-func claimAndMark(ctx context.Context, store *drainer.Store, params drainer.ClaimParams) (int, time.Duration) {
+func claimAndMark(ctx context.Context, store *outbox.Store, params outbox.ClaimParams) (int, time.Duration) {
 	start := time.Now()
 	c, err := store.Claim(ctx, params)
 	took := time.Since(start)
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := store.Settle(ctx, params.DrainerID, drainer.Settlement{Published: c.Leases()}, drainer.FailurePolicy{}); err != nil {
+	if _, err := store.Settle(ctx, params.DrainerID, outbox.Settlement{Published: c.Leases()}, outbox.FailurePolicy{}); err != nil {
 		log.Fatal(err)
 	}
 	return len(c.Rows), took
@@ -517,9 +518,9 @@ func (b *bench) dropLeftovers(ctx context.Context) {
 	}
 }
 
-func (b *bench) outbox(ctx context.Context) drainer.TableSpec {
-	spec := drainer.TableSpec{Name: "public." + testenv.UniqueName("bench_outbox")}
-	if _, err := drainer.Migrate(ctx, b.pool, spec); err != nil {
+func (b *bench) outbox(ctx context.Context) outbox.TableSpec {
+	spec := outbox.TableSpec{Name: "public." + testenv.UniqueName("bench_outbox")}
+	if _, err := outbox.Migrate(ctx, b.pool, spec); err != nil {
 		log.Fatal(err)
 	}
 	return spec
@@ -529,7 +530,7 @@ func (b *bench) outbox(ctx context.Context) drainer.TableSpec {
 // payload size, plus `stale` poisoned and `stale` backing-off rows enqueued
 // before them, as an ageing table would hold: a row in backoff is due in an
 // hour, a poisoned row never, as the drainer's failure settle leaves them.
-func (b *bench) seed(ctx context.Context, spec drainer.TableSpec, pending, stale int) {
+func (b *bench) seed(ctx context.Context, spec outbox.TableSpec, pending, stale int) {
 	b.exec(ctx, "TRUNCATE "+spec.Name)
 	pad := strings.Repeat("x", max(*payloadBytes-25, 0))
 	if stale > 0 {
@@ -546,7 +547,7 @@ func (b *bench) seed(ctx context.Context, spec drainer.TableSpec, pending, stale
 
 // drain runs n drainer processes' worth of drainers, each with its own pool,
 // until every row is published.
-func (b *bench) drain(ctx context.Context, spec drainer.TableSpec, n int, tweak func(*drainer.Config)) run {
+func (b *bench) drain(ctx context.Context, spec outbox.TableSpec, n int, tweak func(*drainer.Config)) run {
 	quiesce("drain")
 	log.Printf("draining with %d drainer(s)", n)
 	defer log.Printf("drained")
@@ -564,7 +565,7 @@ func (b *bench) drain(ctx context.Context, spec drainer.TableSpec, n int, tweak 
 }
 
 // drainNaive runs the naive drainer until events rows are published.
-func (b *bench) drainNaive(ctx context.Context, spec drainer.TableSpec, events int) run {
+func (b *bench) drainNaive(ctx context.Context, spec outbox.TableSpec, events int) run {
 	quiesce("naive drain")
 	log.Printf("draining with the naive drainer")
 	defer log.Printf("drained")
@@ -587,7 +588,7 @@ type fleet struct {
 	closers  []func()
 }
 
-func (b *bench) newFleet(ctx context.Context, spec drainer.TableSpec, n int, tweak func(*drainer.Config)) *fleet {
+func (b *bench) newFleet(ctx context.Context, spec outbox.TableSpec, n int, tweak func(*drainer.Config)) *fleet {
 	f := &fleet{}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for i := range n {
@@ -599,11 +600,11 @@ func (b *bench) newFleet(ctx context.Context, spec drainer.TableSpec, n int, twe
 		if tweak != nil {
 			tweak(&cfg)
 		}
-		pool, err := drainer.ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
+		pool, err := outbox.ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
 		if err != nil {
 			log.Fatal(err)
 		}
-		store, err := drainer.OpenStore(ctx, pool, spec)
+		store, err := outbox.OpenStore(ctx, pool, spec)
 		if err != nil {
 			log.Fatal(err)
 		}
@@ -660,8 +661,8 @@ type claimSetup struct{ pending, stale int }
 // setup's p50 and p95.
 func (b *bench) claimLatencies(ctx context.Context, setups []claimSetup) [][2]time.Duration {
 	type table struct {
-		store  *drainer.Store
-		params drainer.ClaimParams
+		store  *outbox.Store
+		params outbox.ClaimParams
 		took   []time.Duration
 	}
 	var tables []*table

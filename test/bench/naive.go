@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -32,7 +32,7 @@ type naiveDrainer struct {
 }
 
 // startNaive starts one naive drainer on spec; stop ends it.
-func (b *bench) startNaive(ctx context.Context, spec drainer.TableSpec) *naiveDrainer {
+func (b *bench) startNaive(ctx context.Context, spec outbox.TableSpec) *naiveDrainer {
 	runCtx, cancel := context.WithCancel(ctx)
 	n := &naiveDrainer{}
 	var wg sync.WaitGroup
@@ -45,7 +45,7 @@ func (b *bench) startNaive(ctx context.Context, spec drainer.TableSpec) *naiveDr
 	return n
 }
 
-func (b *bench) runNaive(ctx context.Context, spec drainer.TableSpec, n *naiveDrainer) error {
+func (b *bench) runNaive(ctx context.Context, spec outbox.TableSpec, n *naiveDrainer) error {
 	ch, err := b.conn.Channel()
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -243,7 +244,7 @@ type drain struct {
 
 // neighbourRun seeds the backlog, starts the drain (nil: none), runs the
 // application for the run's length and returns what it measured.
-func (b *bench) neighbourRun(ctx context.Context, app *pgxpool.Pool, spec drainer.TableSpec, start func() drain) neighbourRun {
+func (b *bench) neighbourRun(ctx context.Context, app *pgxpool.Pool, spec outbox.TableSpec, start func() drain) neighbourRun {
 	b.seed(ctx, spec, *neighbourBacklog, 0)
 	b.exec(ctx, "CHECKPOINT") // every run starts owing no checkpoint
 	quiesce("good-neighbour run")

@@ -6,7 +6,7 @@ import (
 	"log"
 	"strings"
 
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // orderingKeys is how many ordering keys the ordering section spreads its
@@ -22,15 +22,15 @@ func (b *bench) ordering(ctx context.Context) []string {
 	defer b.exec(ctx, "DROP TABLE "+plain.Name)
 	ordered := b.outbox(ctx)
 	defer b.exec(ctx, "DROP TABLE "+ordered.Name)
-	for _, spec := range []drainer.TableSpec{plain, ordered} {
+	for _, spec := range []outbox.TableSpec{plain, ordered} {
 		b.exec(ctx, "ALTER TABLE "+spec.Name+" ADD COLUMN aggregate_id text")
 	}
-	ordered.Ordering = drainer.Ordering{KeyColumn: "aggregate_id"}
-	if _, err := drainer.Migrate(ctx, b.pool, ordered); err != nil {
+	ordered.Ordering = outbox.Ordering{KeyColumn: "aggregate_id"}
+	if _, err := outbox.Migrate(ctx, b.pool, ordered); err != nil {
 		log.Fatal(err)
 	}
 	pad := strings.Repeat("x", max(*payloadBytes-45, 0))
-	drain := func(s *scenario, spec drainer.TableSpec, drainers int) {
+	drain := func(s *scenario, spec outbox.TableSpec, drainers int) {
 		b.exec(ctx, "TRUNCATE "+spec.Name)
 		// Each event enqueued a microsecond after the one before, as
 		// commits of their own would be, and due when enqueued.

@@ -12,6 +12,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 var (
@@ -84,7 +85,7 @@ func (b *bench) spentRun(ctx context.Context, s spentSetup) (took, shelved time.
 			FROM generate_series(1, 100000) g`)
 	}
 	if s.notify {
-		if _, err := drainer.InstallNotifyTrigger(ctx, b.pool, spec); err != nil {
+		if _, err := outbox.InstallNotifyTrigger(ctx, b.pool, spec); err != nil {
 			log.Fatal(err)
 		}
 	}

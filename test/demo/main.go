@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -86,7 +87,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	defer ch.Close()
 	// A name of its own, so a demo never touches anything else in the
 	// database or the broker; all of it is removed at the end.
-	spec := drainer.TableSpec{Name: "public." + testenv.UniqueName("spillway_demo")}
+	spec := outbox.TableSpec{Name: "public." + testenv.UniqueName("spillway_demo")}
 	defer func() { _, _ = services.DB.Exec(context.Background(), "DROP TABLE IF EXISTS "+spec.Name) }()
 	topology, err := testenv.DeclareTopology(ch, "#", nil)
 	if err != nil {
@@ -100,7 +101,7 @@ func run(ctx context.Context, o options, out io.Writer) error {
 	if err := seed(ctx, services.DB, spec.Name, o.events); err != nil {
 		return err
 	}
-	store, err := drainer.OpenStore(ctx, services.DB, spec)
+	store, err := outbox.OpenStore(ctx, services.DB, spec)
 	if err != nil {
 		return err
 	}
@@ -164,7 +165,7 @@ func drainerEnv() []string {
 // watch prints the outbox's backlog, read with the operator's status query,
 // and the rate at which it falls, until it is empty; it returns how long
 // that took.
-func watch(ctx context.Context, o options, db *pgxpool.Pool, table *drainer.Table, drainers fleet, out io.Writer) (time.Duration, error) {
+func watch(ctx context.Context, o options, db *pgxpool.Pool, table *outbox.Table, drainers fleet, out io.Writer) (time.Duration, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	ticker := time.NewTicker(o.tick)
@@ -180,7 +181,7 @@ func watch(ctx context.Context, o options, db *pgxpool.Pool, table *drainer.Tabl
 		if err := drainers.exited(); err != nil {
 			return time.Since(start), err
 		}
-		status, err := drainer.ReadOutboxStatus(ctx, db, table, drainer.DefaultConfig().MaxAttempts)
+		status, err := outbox.ReadOutboxStatus(ctx, db, table, drainer.DefaultConfig().MaxAttempts)
 		if err != nil {
 			return time.Since(start), err
 		}
@@ -204,7 +205,7 @@ func rate(before, after int64, elapsed time.Duration) float64 {
 	return float64(before-after) / elapsed.Seconds()
 }
 
-func progressLine(elapsed time.Duration, s drainer.OutboxStatus, perSecond float64) string {
+func progressLine(elapsed time.Duration, s outbox.OutboxStatus, perSecond float64) string {
 	return fmt.Sprintf("%6.1fs  backlog %7d  published/s %7.0f  poisoned %d  oldest %s",
 		elapsed.Seconds(), s.Backlog, perSecond, s.Poisoned, s.OldestPendingAge.Round(100*time.Millisecond))
 }

@@ -50,7 +50,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 func start(args ...string) *gexec.Session { return suite.Start(spillway, args...) }
 
 func count(ctx context.Context, table, where string) int {
-	return suite.Count(ctx, pool, table, where)
+	return suite.DB{Pool: pool}.Count(ctx, table, where)
 }
 
 // topology declares an exchange and a bound queue for the current test.
@@ -107,7 +107,7 @@ var _ = Describe("spillway", Label("e2e"), func() {
 	It("drains an outbox with two drain processes, which exit 0 on SIGTERM and leave no claim behind", func(ctx SpecContext) {
 		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		ch, topo := topology()
-		suite.Seed(ctx, pool, table, 5000)
+		suite.DB{Pool: pool}.Seed(ctx, table, 5000)
 
 		var drainers []*gexec.Session
 		for _, id := range []string{"e2e-a", "e2e-b"} {
@@ -128,7 +128,7 @@ var _ = Describe("spillway", Label("e2e"), func() {
 	It("on SIGTERM mid-drain, exits 0 within the shutdown timeout and leaves no claimed rows", func(ctx SpecContext) {
 		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		_, topo := topology()
-		suite.Seed(ctx, pool, table, 100_000)
+		suite.DB{Pool: pool}.Seed(ctx, table, 100_000)
 		d := drain(table, topo.Exchange, "e2e-term", "--metrics-addr", "", "--shutdown-timeout", "5s")
 		Eventually(func() int { return count(ctx, table, "published_at IS NOT NULL") }, 60*time.Second, 20*time.Millisecond).
 			Should(BeNumerically(">=", 2000))
@@ -145,7 +145,7 @@ var _ = Describe("spillway", Label("e2e"), func() {
 	It("re-claims the rows of a drainer killed with SIGKILL once their lease expires, losing none", func(ctx SpecContext) {
 		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		ch, topo := topology()
-		suite.Seed(ctx, pool, table, 20_000)
+		suite.DB{Pool: pool}.Seed(ctx, table, 20_000)
 		// The shortest lease the rule allows for a depth of 8: 2.4 s.
 		lease := []string{"--lease-ttl", "3s", "--pipeline-depth", "8", "--metrics-addr", ""}
 		victim := drain(table, topo.Exchange, "e2e-victim", lease...)
@@ -167,7 +167,7 @@ var _ = Describe("spillway", Label("e2e"), func() {
 		drain(table, topo.Exchange, "e2e-heir", lease...)
 		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 120*time.Second, 100*time.Millisecond).Should(BeZero())
 		Expect(count(ctx, table, "attempts > 0")).To(BeZero())
-		missing, duplicates := suite.Undelivered(ch, topo.Queue, suite.IDs(ctx, pool, table), 60*time.Second)
+		missing, duplicates := suite.Undelivered(ch, topo.Queue, suite.DB{Pool: pool}.IDs(ctx, table, "true"), 60*time.Second)
 		Expect(missing).To(BeEmpty(), "rows never delivered")
 		GinkgoWriter.Printf("orphaned claims: %d, duplicates delivered: %d\n", orphaned, duplicates)
 	})
@@ -183,7 +183,7 @@ var _ = Describe("spillway", Label("e2e"), func() {
 		var large string
 		Expect(pool.QueryRow(ctx, "INSERT INTO "+table+` (event_type, payload)
 			VALUES ('order.created', jsonb_build_object('pad', repeat(md5('large'), 393216))) RETURNING id::text`).Scan(&large)).To(Succeed())
-		want := suite.IDs(ctx, pool, table)
+		want := suite.DB{Pool: pool}.IDs(ctx, table, "true")
 		// A consumer keeps the 1.2 GB out of the broker's memory. The broker
 		// writes it all to disk: on a machine shared with the other suites
 		// that takes minutes.
@@ -208,7 +208,7 @@ var _ = Describe("spillway", Label("e2e"), func() {
 	It("serves /healthz, /readyz and /metrics on one port", func(ctx SpecContext) {
 		table := suite.Migrate(spillway, pool, "e2e_outbox")
 		_, topo := topology()
-		suite.Seed(ctx, pool, table, 100)
+		suite.DB{Pool: pool}.Seed(ctx, table, 100)
 		addr := suite.FreeAddr()
 		drain(table, topo.Exchange, "e2e-probes", "--metrics-addr", addr)
 		Eventually(func() int { return testenv.Probe(addr, "/healthz") }, 10*time.Second).Should(Equal(200))
@@ -231,13 +231,13 @@ var _ = Describe("spillway", Label("e2e"), func() {
 		writeURL("first-password")
 		d := start("drain", "--database-url", testenv.DatabaseURL(), "--broker-url-file", file, "--table", table,
 			"--exchange", topo.Exchange, "--drainer-id", "e2e-rotation", "--poll-interval", "100ms", "--metrics-addr", "")
-		suite.Seed(ctx, pool, table, 100)
+		suite.DB{Pool: pool}.Seed(ctx, table, 100)
 		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 30*time.Second).Should(BeZero())
 
 		rabbitmqctl("change_password", user, "second-password")
 		writeURL("second-password")
 		rabbitmqctl("close_all_user_connections", user, "password rotated")
-		suite.Seed(ctx, pool, table, 100)
+		suite.DB{Pool: pool}.Seed(ctx, table, 100)
 		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 60*time.Second).Should(BeZero())
 		Expect(testenv.QueueDepth(ch, topo.Queue)).To(BeNumerically(">=", 200))
 		// The log reaches the buffer through a pipe, after the rows it

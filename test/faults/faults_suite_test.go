@@ -67,7 +67,7 @@ func newFleet(ctx context.Context, rows int) fleet {
 		Expect(err).NotTo(HaveOccurred())
 	})
 	DeferCleanup(func() { withChannel(f.topo.Delete) })
-	suite.Seed(ctx, pool, f.table, rows)
+	suite.DB{Pool: pool}.Seed(ctx, f.table, rows)
 	return f
 }
 
@@ -89,7 +89,7 @@ func (f fleet) drain(id, addr string, extra ...string) *gexec.Session {
 }
 
 func (f fleet) count(ctx context.Context, where string) int {
-	return suite.Count(ctx, pool, f.table, where)
+	return suite.DB{Pool: pool}.Count(ctx, f.table, where)
 }
 
 // waitPublished waits until at least n rows are published: mid-drain.
@@ -104,7 +104,7 @@ func (f fleet) expectDelivered(ctx context.Context) {
 	Eventually(func() int { return f.count(ctx, "published_at IS NULL") }, 3*time.Minute, 100*time.Millisecond).Should(BeZero())
 	Expect(f.count(ctx, "attempts > 0")).To(BeZero(), "the fault bumped attempts")
 	withChannel(func(ch *amqp.Channel) {
-		missing, duplicates := suite.Undelivered(ch, f.topo.Queue, suite.IDs(ctx, pool, f.table), 2*time.Minute)
+		missing, duplicates := suite.Undelivered(ch, f.topo.Queue, suite.DB{Pool: pool}.IDs(ctx, f.table, "true"), 2*time.Minute)
 		Expect(missing).To(BeEmpty(), "rows lost")
 		GinkgoWriter.Printf("every row delivered; %d duplicates\n", duplicates)
 	})

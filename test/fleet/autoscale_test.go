@@ -13,7 +13,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -40,8 +39,7 @@ func describeAutoscaling() {
 		It("scales from zero to 4 drainers within a status interval of 200,000 events, drains them, and is back to zero after the stabilization window", func(ctx SpecContext) {
 			namespace(ctx, warehouse)
 			outbox := testenv.Outbox{DB: services.DB, Table: "public." + testenv.UniqueName("autoscaled_outbox")}
-			_, err := drainer.Migrate(ctx, services.DB, drainer.TableSpec{Name: outbox.Table})
-			Expect(err).NotTo(HaveOccurred())
+			Expect(outbox.Migrate(ctx)).To(Succeed())
 			DeferCleanup(func(ctx SpecContext) {
 				_, err := services.DB.Exec(ctx, "DROP TABLE IF EXISTS "+outbox.Table)
 				Expect(err).NotTo(HaveOccurred())

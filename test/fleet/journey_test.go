@@ -27,7 +27,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -420,7 +419,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() 
 				// ledger has caught up with the queue (the old pods drained at
 				// full speed until they stopped); over 15 s, in which the
 				// second before the first pod next counts weighs little.
-				roster := drainer.TableSpec{Name: outbox.Table}.RosterOthers()
+				roster := outbox.Spec().RosterOthers()
 				Eventually(func() (int, error) {
 					var n int
 					return n, outbox.DB.QueryRow(ctx, roster.SQL, roster.Args...).Scan(&n)

@@ -11,7 +11,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -107,8 +107,8 @@ var _ = Describe("Per-key ordering on the local cluster", Ordered, Label("e2e"),
 		events = consumeInOrder(ch, topology.Queue)
 
 		table = "public." + testenv.UniqueName("ordered_outbox")
-		spec := drainer.TableSpec{Name: table}
-		_, err = drainer.Migrate(ctx, services.DB, spec)
+		spec := outbox.TableSpec{Name: table}
+		_, err = outbox.Migrate(ctx, services.DB, spec)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func(ctx SpecContext) {
 			_, err := services.DB.Exec(ctx, "DROP TABLE IF EXISTS "+table)
@@ -116,8 +116,8 @@ var _ = Describe("Per-key ordering on the local cluster", Ordered, Label("e2e"),
 		})
 		_, err = services.DB.Exec(ctx, "ALTER TABLE "+table+" ADD COLUMN aggregate_id text")
 		Expect(err).NotTo(HaveOccurred())
-		spec.Ordering = drainer.Ordering{KeyColumn: "aggregate_id"}
-		_, err = drainer.Migrate(ctx, services.DB, spec)
+		spec.Ordering = outbox.Ordering{KeyColumn: "aggregate_id"}
+		_, err = outbox.Migrate(ctx, services.DB, spec)
 		Expect(err).NotTo(HaveOccurred())
 
 		manifests, err := testenv.SampleFleet(table, topology.Exchange, "1s", func(spec map[string]any) {

@@ -15,7 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -101,7 +100,7 @@ var _ = Describe("Poisoned rows on the local cluster", Ordered, Label("e2e"), fu
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(ledger.Stop)
 		outbox = testenv.Outbox{DB: services.DB, Table: "public." + testenv.UniqueName("replay_outbox")}
-		_, err = drainer.Migrate(ctx, services.DB, drainer.TableSpec{Name: outbox.Table})
+		err = outbox.Migrate(ctx)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func(ctx SpecContext) {
 			_, err := services.DB.Exec(ctx, "DROP TABLE IF EXISTS "+outbox.Table)

@@ -242,13 +242,13 @@ var _ = Describe("A fleet ordering per key", Label("e2e"), func() {
 		drain("ordered-2")
 		drain("ordered-3")
 
-		published := func() int { return suite.Count(ctx, pool, table, "published_at IS NOT NULL") }
+		published := func() int { return suite.DB{Pool: pool}.Count(ctx, table, "published_at IS NOT NULL") }
 		Eventually(published, 2*time.Minute, 100*time.Millisecond).Should(BeNumerically(">=", events/3))
 		victim.Kill() // SIGKILL: its claims stay until their lease ends
 		Eventually(victim, 10*time.Second).Should(gexec.Exit())
 		killedAt := published()
 
-		Eventually(func() int { return suite.Count(ctx, pool, table, "published_at IS NULL") }, 3*time.Minute, 250*time.Millisecond).Should(BeZero())
+		Eventually(func() int { return suite.DB{Pool: pool}.Count(ctx, table, "published_at IS NULL") }, 3*time.Minute, 250*time.Millisecond).Should(BeZero())
 		drained := time.Since(start)
 		Eventually(rec.distinct, 30*time.Second, 100*time.Millisecond).Should(Equal(events), "every event reaches the queue")
 		stop()

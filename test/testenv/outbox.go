@@ -8,6 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // Outbox is a canonical outbox table (spillway migrate's) as a test's
@@ -15,6 +17,15 @@ import (
 type Outbox struct {
 	DB    *pgxpool.Pool
 	Table string
+}
+
+// Spec is the table as Spillway's table layer names it.
+func (o Outbox) Spec() outbox.TableSpec { return outbox.TableSpec{Name: o.Table} }
+
+// Migrate runs spillway migrate's work on the table.
+func (o Outbox) Migrate(ctx context.Context) error {
+	_, err := outbox.Migrate(ctx, o.DB, o.Spec())
+	return err
 }
 
 // Insert writes n events in one transaction and returns their ids.

@@ -1,4 +1,4 @@
-package drainer
+package outbox
 
 import (
 	"cmp"
@@ -62,13 +62,13 @@ func (c Claim) Full(batchSize int) bool {
 }
 
 // lease is how a settle refers to row i of the claim.
-func (c Claim) lease(i int) Lease { return Lease{ID: c.Rows[i].ID, Row: c.Rows[i].At, Token: c.Token} }
+func (c Claim) Lease(i int) Lease { return Lease{ID: c.Rows[i].ID, Row: c.Rows[i].At, Token: c.Token} }
 
 // Leases are the claim's rows as a settle refers to them.
 func (c Claim) Leases() []Lease {
 	leases := make([]Lease, len(c.Rows))
 	for i := range c.Rows {
-		leases[i] = c.lease(i)
+		leases[i] = c.Lease(i)
 	}
 	return leases
 }
@@ -330,6 +330,10 @@ func idIndexed(ctx context.Context, db Querier, t *Table) (bool, error) {
 
 // Table is the resolved outbox table.
 func (s *Store) Table() *Table { return s.table }
+
+// ResetConnections closes the idle sessions at once and the others as their
+// statements finish; new ones read the URL again: it was rotated.
+func (s *Store) ResetConnections() { s.pool.Reset() }
 
 // Claim runs phase 1: one statement, its own short transaction. The error
 // may come after the claim committed, its result unread: see ReleaseHeld.
@@ -690,10 +694,14 @@ func closeSession(conn *pgx.Conn) {
 	if conn == nil {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), closeTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), sessionCloseTimeout)
 	defer cancel()
 	_ = conn.Close(ctx)
 }
+
+// sessionCloseTimeout bounds the goodbye to a session: a database that does
+// not answer must not hold up a drainer's shutdown.
+const sessionCloseTimeout = time.Second
 
 // Roster is a session of its own on which a capped drainer holds the
 // table's roster lock in shared mode, and counts the other holders to take

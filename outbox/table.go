@@ -1,4 +1,4 @@
-package drainer
+package outbox
 
 import (
 	"fmt"
@@ -509,9 +509,9 @@ func (t *Table) Rehearsal(maxAttempts int) []NamedStatement {
 	const drainer = "rehearsal"
 	claim := ClaimParams{DrainerID: drainer, BatchSize: 1, MaxAttempts: maxAttempts, LeaseMillis: 1, MaxPayloadBytes: 1, MaxClaimBytes: 1}
 	return []NamedStatement{
-		explain(statementClaim, t.Claim(claim)),
-		explain(statementSettle, t.MarkPublished(drainer, nil)),
-		explain(statementSettle, t.RecordFailures(drainer, nil, []string{}, FailurePolicy{InitialMillis: 1, MaxMillis: 1, MaxAttempts: maxAttempts})),
+		explain(StatementClaim, t.Claim(claim)),
+		explain(StatementSettle, t.MarkPublished(drainer, nil)),
+		explain(StatementSettle, t.RecordFailures(drainer, nil, []string{}, FailurePolicy{InitialMillis: 1, MaxMillis: 1, MaxAttempts: maxAttempts})),
 	}
 }
 

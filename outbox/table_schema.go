@@ -1,4 +1,4 @@
-package drainer
+package outbox
 
 import (
 	"crypto/sha256"
@@ -330,6 +330,9 @@ func (s TableSpec) NotifyChannel() string {
 }
 
 const notifyTriggerSuffix = "_spillway_notify"
+
+// NotifyTrigger is the name of the insert trigger that notifies.
+func (s TableSpec) NotifyTrigger() string { return s.objectName(notifyTriggerSuffix) }
 
 // NotifyTriggerExists renders the look-up of the insert trigger.
 func (s TableSpec) NotifyTriggerExists() Statement {

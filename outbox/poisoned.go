@@ -1,4 +1,4 @@
-package drainer
+package outbox
 
 import (
 	"context"
@@ -58,9 +58,9 @@ const (
 	// MaxRecordedIDs is how many ids of the rows it changed a change keeps,
 	// for its record.
 	MaxRecordedIDs = 100
-	// defaultChangeBatch bounds each statement of a change, as retention's
+	// DefaultChangeBatch bounds each statement of a change, as retention's
 	// batches are bounded, so no lock is held for long.
-	defaultChangeBatch = 1000
+	DefaultChangeBatch = 1000
 )
 
 // Validate checks the selector on its own; CheckSelector checks it against
@@ -298,7 +298,7 @@ func ChangePoisoned(ctx context.Context, db TxStarter, t *Table, r PoisonedReque
 	}
 	batch := r.BatchSize
 	if batch <= 0 {
-		batch = defaultChangeBatch
+		batch = DefaultChangeBatch
 	}
 	for done.Changed < int64(r.Selector.Limit) {
 		if err := ctx.Err(); err != nil {

@@ -1,0 +1,66 @@
+package outbox_test
+
+import (
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/test/suite"
+)
+
+var _ = Describe("Settling", Label("integration"), func() {
+	DescribeTable("is fenced on the claim itself: an older batch's failure does not touch the row its own drainer re-claimed", func(ctx SpecContext, idIndex bool) {
+		spec := db.CanonicalOutbox(ctx)
+		if !idIndex {
+			db.Exec(ctx, "ALTER TABLE "+spec.Name+" DROP CONSTRAINT "+spec.ObjectName("_pkey"))
+		}
+		db.Seed(ctx, spec.Name, 1)
+		store, err := outbox.OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(store.Table().SettlesByID()).To(Equal(idIndex), "how the settles find the row")
+		first, err := store.Claim(ctx, suite.ClaimParams("drainer-a", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(first.Rows).To(HaveLen(1))
+		// The first claim's lease expires while its batch is still pending,
+		// and the same drainer claims the row again.
+		db.Exec(ctx, "UPDATE "+spec.Name+" SET claimed_at = now() - interval '31 seconds', available_at = now() - interval '1 second'")
+		second, err := store.Claim(ctx, suite.ClaimParams("drainer-a", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(second.Rows).To(HaveLen(1))
+
+		policy := outbox.FailurePolicy{InitialMillis: 1000, MaxMillis: 1000, MaxAttempts: 10}
+		done, err := store.Settle(ctx, "drainer-a", outbox.Settlement{Failed: first.Leases(), Reasons: []string{"confirm of the first claim lost"}}, policy)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done.Failed).To(BeZero(), "the first claim's settle changed nothing")
+		done, err = store.Settle(ctx, "drainer-a", outbox.Settlement{Published: second.Leases()}, policy)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done.Published).To(Equal(int64(1)))
+		Expect(db.Count(ctx, spec.Name, "published_at IS NOT NULL AND attempts = 0")).To(Equal(1),
+			"published by the second claim, with no attempt counted by the first")
+	},
+		Entry("found through the index on the id", true),
+		Entry("found by TID, on a table without one", false),
+	)
+
+	It("deletes the confirmed rows it still holds when published rows are not kept, and leaves a row another claim took over", func(ctx SpecContext) {
+		spec := db.CanonicalOutbox(ctx)
+		db.Seed(ctx, spec.Name, 3)
+		store, err := outbox.OpenStore(ctx, pool, spec)
+		Expect(err).NotTo(HaveOccurred())
+		held, err := store.Claim(ctx, suite.ClaimParams("drainer-a", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(held.Rows).To(HaveLen(3))
+		// One row's lease expires and drainer-b takes it over.
+		taken := held.Rows[0].ID
+		db.Exec(ctx, "UPDATE "+spec.Name+" SET available_at = now() - interval '1 second' WHERE id::text = $1", taken)
+		other, err := store.Claim(ctx, suite.ClaimParams("drainer-b", 10))
+		Expect(err).NotTo(HaveOccurred())
+		Expect(other.Rows).To(HaveLen(1))
+
+		done, err := store.Settle(ctx, "drainer-a", outbox.Settlement{Published: held.Leases(), DeletePublished: true}, outbox.FailurePolicy{})
+		Expect(err).NotTo(HaveOccurred())
+		Expect(done.Published).To(Equal(int64(2)), "the two rows still held")
+		Expect(db.IDs(ctx, spec.Name, "true")).To(ConsistOf(taken))
+		Expect(db.Count(ctx, spec.Name, "claimed_by = 'drainer-b' AND published_at IS NULL")).To(Equal(1), "left to its new claim")
+	})
+})
