@@ -10,19 +10,18 @@ import (
 	"runtime/debug"
 	"syscall"
 
-	"github.com/spillway-io/spillway/controllers"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/commands"
 )
 
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "dev"
 
-var commands = map[string]func(ctx context.Context, args []string) error{
-	"manager": controllers.ManagerCommand,
-	"drain":   drainer.DrainCommand,
-	"migrate": drainer.MigrateCommand,
+var subcommands = map[string]func(ctx context.Context, args []string) error{
+	"manager": commands.ManagerCommand,
+	"drain":   commands.DrainCommand,
+	"migrate": commands.MigrateCommand,
 	// The triage of poisoned rows without Kubernetes: list, replay, park.
-	"poisoned": drainer.PoisonedCommand,
+	"poisoned": commands.PoisonedCommand,
 	"version": func(context.Context, []string) error {
 		goVersion := "unknown"
 		if info, ok := debug.ReadBuildInfo(); ok {
@@ -34,13 +33,13 @@ var commands = map[string]func(ctx context.Context, args []string) error{
 }
 
 func main() {
-	if len(os.Args) < 2 || commands[os.Args[1]] == nil {
+	if len(os.Args) < 2 || subcommands[os.Args[1]] == nil {
 		fmt.Fprintln(os.Stderr, "usage: spillway manager|drain|migrate|poisoned|version [flags]")
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	if err := commands[os.Args[1]](ctx, os.Args[2:]); err != nil {
+	if err := subcommands[os.Args[1]](ctx, os.Args[2:]); err != nil {
 		fmt.Fprintf(os.Stderr, "spillway %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}

@@ -18,7 +18,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/spillway-io/spillway/controllers"
+	"github.com/spillway-io/spillway/commands"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -44,7 +44,7 @@ var _ = Describe("spillway manager", Label("integration"), func() {
 		managerCtx, stop := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
-			done <- controllers.ManagerCommand(managerCtx, []string{
+			done <- commands.ManagerCommand(managerCtx, []string{
 				// The suite's reconciler builds with the same image and
 				// applies with the same field manager, so the two agree.
 				"--drainer-image=" + reconciler.Image, "--log-level=debug",

@@ -107,7 +107,7 @@ func (r Retention) deletesPublished() bool { return r.Published != nil && *r.Pub
 // DefaultConfig returns the defaults a user gets without flags.
 func DefaultConfig() Config {
 	return Config{
-		Table:  outbox.TableSpec{Name: "public.outbox"},
+		Table:  outbox.TableSpec{Name: outbox.DefaultTableName},
 		Broker: BrokerConfig{ExchangeType: "topic", MessageProperties: FullProperties},
 		// Measured in make bench: batches of 500 halve the statements per
 		// event against 100 and cost Postgres a fifth less per event; 256

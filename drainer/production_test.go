@@ -327,7 +327,7 @@ var _ = Describe("Liveness", Label("integration"), func() {
 		// The shortest lease depth 4 allows, and an idle wait three times it.
 		cfg.PipelineDepth, cfg.LeaseTTL, cfg.PollInterval = 4, 1200*time.Millisecond, 3600*time.Millisecond
 		d := startDrainer(ctx, cfg)
-		srv := httptest.NewServer(probeMux(d.reg, d.Drainer))
+		srv := httptest.NewServer(d.Handler(d.reg))
 		DeferCleanup(srv.Close)
 		// Healthy while it drains, however long that takes on a busy
 		// machine, then while it idles through three polls, each longer
@@ -348,7 +348,7 @@ var _ = Describe("Liveness", Label("integration"), func() {
 		cfg.PipelineDepth, cfg.LeaseTTL = 1, 300*time.Millisecond
 		// Built and never run: its claim loop makes no progress at all.
 		d := newDrainer(ctx, cfg)
-		srv := httptest.NewServer(probeMux(d.reg, d.Drainer))
+		srv := httptest.NewServer(d.Handler(d.reg))
 		DeferCleanup(srv.Close)
 		code, _ := healthz(srv)()
 		Expect(code).To(Equal(200), "alive for a lease after it was built")
@@ -380,7 +380,7 @@ var _ = Describe("Readiness", Label("integration"), func() {
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
 		cfg.PollInterval = time.Second
 		d := startDrainer(ctx, cfg)
-		srv := httptest.NewServer(probeMux(d.reg, d.Drainer))
+		srv := httptest.NewServer(d.Handler(d.reg))
 		DeferCleanup(srv.Close)
 		readyz, healthz := get(srv, "/readyz"), get(srv, "/healthz")
 		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
@@ -431,7 +431,7 @@ var _ = Describe("Readiness", Label("integration"), func() {
 			FOR EACH ROW WHEN (NEW.published_at IS NOT NULL) EXECUTE FUNCTION `+refuse+`()`)
 		db.Seed(ctx, spec.Name, 100)
 		d := startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
-		srv := httptest.NewServer(probeMux(d.reg, d.Drainer))
+		srv := httptest.NewServer(d.Handler(d.reg))
 		DeferCleanup(srv.Close)
 		readyz := get(srv, "/readyz")
 

@@ -295,6 +295,10 @@ func (t *Table) PayloadType() string { return t.payloadType }
 
 func q(name string) string { return pgx.Identifier{name}.Sanitize() }
 
+// DefaultTableName is the outbox table of a drainer or a migrate that names
+// none.
+const DefaultTableName = "public.outbox"
+
 // Statement is one SQL statement with its arguments.
 type Statement struct {
 	SQL  string

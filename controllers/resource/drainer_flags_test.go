@@ -1,17 +1,11 @@
 package resource
 
 import (
-	"fmt"
-	"time"
-
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/validation/field"
-	"k8s.io/utils/ptr"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/outbox"
 )
 
@@ -39,55 +33,5 @@ var _ = Describe("The drainer's view of the spec", func() {
 			Ordering:   outbox.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"},
 		}))
 		Expect(spec.Validate(field.NewPath("spec", "database"))).To(BeEmpty())
-	})
-})
-
-var _ = Describe("The drainer's command line", func() {
-	It("is accepted by spillway drain, which reads back the spec's settings", func() {
-		od := outboxDrainer()
-		od.Spec.Database.Columns = v1alpha1.Columns{ID: "event_id", EnqueuedAt: "created_at"}
-		od.Spec.Database.RoutingKey = v1alpha1.RoutingKey{PayloadField: "event_type"}
-		od.Spec.Retention = &v1alpha1.Retention{
-			Published:         &metav1.Duration{Duration: 72 * time.Hour},
-			UnpublishedMaxAge: &metav1.Duration{Duration: 720 * time.Hour},
-		}
-		od.Spec.MaxRate = ptr.To(int64(1600))
-		od.Spec.MaxCommitLatency = &metav1.Duration{Duration: 4 * time.Millisecond}
-		od.Spec.Broker.MessageProperties = "Compact"
-		od.Spec.Ordering = &v1alpha1.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}
-		args := DrainArgs(od.Spec)
-		Expect(args[0]).To(Equal("drain"))
-		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde") // the downward API's, in a pod
-
-		cfg, httpAddr, err := drainer.ParseDrainFlags(args[1:])
-		Expect(err).NotTo(HaveOccurred())
-		Expect(cfg.DrainerID).To(Equal("orders-7d9f-abcde"))
-		Expect(cfg.Database.File).To(Equal(DatabaseURLDir + "/url"))
-		Expect(cfg.Broker.File).To(Equal(BrokerURLDir + "/url"))
-		Expect(cfg.Table.Columns.ID).To(Equal("event_id"))
-		Expect(cfg.Table.RoutingKey.PayloadField).To(Equal("event_type"))
-		Expect(cfg.Broker.Exchange).To(Equal(od.Spec.Broker.Exchange))
-		Expect(cfg.BatchSize).To(BeEquivalentTo(od.Spec.BatchSize))
-		Expect(cfg.PipelineDepth).To(BeEquivalentTo(od.Spec.PipelineDepth))
-		Expect(cfg.LeaseTTL).To(Equal(od.Spec.LeaseTTL.Duration))
-		Expect(cfg.ShutdownTimeout).To(Equal(od.Spec.ShutdownTimeout.Duration))
-		Expect(*cfg.Retention.Published).To(Equal(72 * time.Hour))
-		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
-		Expect(cfg.MaxRate).To(Equal(1600.0))
-		Expect(cfg.MaxCommitLatency).To(Equal(4 * time.Millisecond))
-		Expect(cfg.Broker.MessageProperties).To(Equal(drainer.CompactProperties))
-		Expect(cfg.Table.Ordering).To(Equal(outbox.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}))
-		Expect(httpAddr).To(Equal(fmt.Sprintf(":%d", MetricsPort)))
-	})
-
-	It("publishes to the default exchange only with mandatory, as the CRD's rule allows", func() {
-		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde")
-		od := outboxDrainer()
-		od.Spec.Broker.Exchange, od.Spec.Broker.Mandatory = "", true
-		_, _, err := drainer.ParseDrainFlags(DrainArgs(od.Spec)[1:])
-		Expect(err).NotTo(HaveOccurred())
-		od.Spec.Broker.Mandatory = false
-		_, _, err = drainer.ParseDrainFlags(DrainArgs(od.Spec)[1:])
-		Expect(err).To(MatchError(ContainSubstring(`broker.exchange: Invalid value: "": set an exchange`)))
 	})
 })

@@ -2,17 +2,14 @@ package resource
 
 import (
 	"testing"
-	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	"k8s.io/utils/ptr"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/test/samples"
 )
 
 func TestResource(t *testing.T) {
@@ -27,35 +24,8 @@ func testScheme() *runtime.Scheme {
 	return scheme
 }
 
-// outboxDrainer is an OutboxDrainer as the API server returns it: with the
-// schema's defaults, which are the drainer's.
-func outboxDrainer() *v1alpha1.OutboxDrainer {
-	d := drainer.DefaultConfig()
-	return &v1alpha1.OutboxDrainer{
-		ObjectMeta: metav1.ObjectMeta{Name: "orders", Namespace: "shop", UID: "6f1c1a52-1111-4c1e-9a55-1d2f3a4b5c6d", Generation: 1},
-		Spec: v1alpha1.OutboxDrainerSpec{
-			Replicas: ptr.To(int32(1)),
-			Database: v1alpha1.DatabaseSpec{
-				URLSecretRef: v1alpha1.SecretKeyRef{Name: "orders-db", Key: "url"},
-				Table:        d.Table.Name,
-			},
-			Broker: v1alpha1.BrokerSpec{
-				URLSecretRef: v1alpha1.SecretKeyRef{Name: "rabbit", Key: "amqp-url"},
-				Exchange:     "orders",
-				ExchangeType: d.Broker.ExchangeType,
-			},
-			BatchSize:       int32(d.BatchSize),
-			PipelineDepth:   int32(d.PipelineDepth),
-			LeaseTTL:        metav1.Duration{Duration: d.LeaseTTL},
-			PollInterval:    metav1.Duration{Duration: d.PollInterval},
-			MaxAttempts:     int32(d.MaxAttempts),
-			RetryBackoff:    v1alpha1.RetryBackoff{Initial: metav1.Duration{Duration: d.RetryInitial}, Max: metav1.Duration{Duration: d.RetryMax}},
-			MaxPayloadBytes: d.MaxPayloadBytes,
-			ShutdownTimeout: metav1.Duration{Duration: 30 * time.Second},
-			StatusInterval:  metav1.Duration{Duration: 15 * time.Second},
-		},
-	}
-}
+// outboxDrainer is a fleet of one at the drainer's defaults.
+func outboxDrainer() *v1alpha1.OutboxDrainer { return samples.OutboxDrainer() }
 
 func builderFor(od *v1alpha1.OutboxDrainer) *OutboxDrainerResourceBuilder {
 	return &OutboxDrainerResourceBuilder{Instance: od, Scheme: testScheme(), Image: "ghcr.io/spillway-io/spillway:v1.2.3"}

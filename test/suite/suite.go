@@ -191,6 +191,27 @@ func (db DB) Schema(ctx context.Context, table string) []string {
 	return out
 }
 
+// Poison makes the rows of table matching where poisoned as a failure at
+// maxAttempts leaves them, with lastError, enqueued ago before now, and
+// returns their ids.
+func (db DB) Poison(ctx context.Context, table, where, lastError, ago string, maxAttempts int) []string {
+	picked := db.IDs(ctx, table, where)
+	db.Exec(ctx, "UPDATE "+table+` SET attempts = $1, available_at = 'infinity', last_error = $2,
+		enqueued_at = now() - $3::interval, claimed_at = NULL, claimed_by = NULL WHERE id::text = ANY($4)`,
+		maxAttempts, lastError, ago, picked)
+	return picked
+}
+
+// Snapshot is every row of table matching where as JSON, in id order, to
+// show that nothing changed.
+func (db DB) Snapshot(ctx context.Context, table, where string, args ...any) []string {
+	rows, err := db.Pool.Query(ctx, "SELECT row_to_json(o)::text FROM "+table+" o WHERE "+where+" ORDER BY id", args...)
+	gomega.ExpectWithOffset(1, err).NotTo(gomega.HaveOccurred())
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	gomega.ExpectWithOffset(1, err).NotTo(gomega.HaveOccurred())
+	return out
+}
+
 // Count is the number of rows of table matching where.
 func (db DB) Count(ctx context.Context, table, where string, args ...any) int {
 	var n int

@@ -1,13 +1,10 @@
-package drainer
+package outbox_test
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -20,16 +17,6 @@ import (
 
 // triageMaxAttempts is the poison threshold of the triage specs.
 const triageMaxAttempts = 5
-
-// poison makes the rows of table matching where poisoned as a failure at
-// maxAttempts leaves them, with lastError, enqueued ago before now.
-func poison(ctx context.Context, table, where, lastError, ago string) []string {
-	picked := db.IDs(ctx, table, where)
-	db.Exec(ctx, "UPDATE "+table+` SET attempts = $1, available_at = 'infinity', last_error = $2,
-		enqueued_at = now() - $3::interval, claimed_at = NULL, claimed_by = NULL WHERE id::text = ANY($4)`,
-		triageMaxAttempts, lastError, ago, picked)
-	return picked
-}
 
 // resolved is the live table of spec, as the triage resolves it.
 func resolved(ctx context.Context, spec outbox.TableSpec) *outbox.Table {
@@ -60,16 +47,6 @@ func change(ctx context.Context, t *outbox.Table, action outbox.PoisonedAction, 
 	return done
 }
 
-// snapshot is every row of table matching where as text, in id order, to
-// show that nothing changed.
-func snapshot(ctx context.Context, table, where string, args ...any) []string {
-	rows, err := pool.Query(ctx, "SELECT row_to_json(o)::text FROM "+table+" o WHERE "+where+" ORDER BY id", args...)
-	Expect(err).NotTo(HaveOccurred())
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	Expect(err).NotTo(HaveOccurred())
-	return out
-}
-
 func selector(limit int) outbox.PoisonedSelector { return outbox.PoisonedSelector{Limit: limit} }
 
 var _ = Describe("Triage of poisoned rows", Label("integration"), func() {
@@ -87,13 +64,13 @@ var _ = Describe("Triage of poisoned rows", Label("integration"), func() {
 	BeforeEach(func(ctx SpecContext) {
 		spec = db.CanonicalOutbox(ctx)
 		db.Seed(ctx, spec.Name, 10)
-		tooLong = poison(ctx, spec.Name, "id IN (SELECT id FROM "+spec.Name+" ORDER BY id LIMIT 3)",
-			"routing key is 300 bytes, over the AMQP limit of 255: aaaa", "3 hours")
+		tooLong = db.Poison(ctx, spec.Name, "id IN (SELECT id FROM "+spec.Name+" ORDER BY id LIMIT 3)",
+			"routing key is 300 bytes, over the AMQP limit of 255: aaaa", "3 hours", triageMaxAttempts)
 		for i, id := range tooLong { // a minute apart, for the range
 			db.Exec(ctx, "UPDATE "+spec.Name+" SET enqueued_at = now() - interval '3 hours' + $1 * interval '1 minute' WHERE id = $2", i, id)
 		}
-		returned = poison(ctx, spec.Name, "attempts = 0 AND id IN (SELECT id FROM "+spec.Name+" WHERE attempts = 0 ORDER BY id LIMIT 2)",
-			`broker returned the message: 312 NO_ROUTE (exchange "orders", routing key "order.lost")`, "1 hour")
+		returned = db.Poison(ctx, spec.Name, "attempts = 0 AND id IN (SELECT id FROM "+spec.Name+" WHERE attempts = 0 ORDER BY id LIMIT 2)",
+			`broker returned the message: 312 NO_ROUTE (exchange "orders", routing key "order.lost")`, "1 hour", triageMaxAttempts)
 		backoff = db.IDs(ctx, spec.Name, "attempts = 0 AND id IN (SELECT id FROM "+spec.Name+" WHERE attempts = 0 ORDER BY id LIMIT 2)")
 		db.Exec(ctx, "UPDATE "+spec.Name+" SET attempts = 2, available_at = now() + interval '1 minute', last_error = 'routing key is 300 bytes' WHERE id::text = ANY($1)", backoff)
 		published = db.IDs(ctx, spec.Name, "attempts = 0 AND id IN (SELECT id FROM "+spec.Name+" WHERE attempts = 0 ORDER BY id LIMIT 1)")[0]
@@ -126,14 +103,14 @@ var _ = Describe("Triage of poisoned rows", Label("integration"), func() {
 	})
 
 	It("replays what it picks in bounded batches: attempts, last error and lease reset, due again since enqueued, and nothing else touched", func(ctx SpecContext) {
-		before := snapshot(ctx, spec.Name, "NOT (id::text = ANY($1))", tooLong)
+		before := db.Snapshot(ctx, spec.Name, "NOT (id::text = ANY($1))", tooLong)
 		done := change(ctx, table, outbox.ActionReplay, outbox.PoisonedSelector{LastErrorPattern: "routing key is %", Limit: 100}, false)
 		Expect(done.Matched).To(Equal(int64(3)))
 		Expect(done.Changed).To(Equal(int64(3)), "in two batches of at most 2")
 		Expect(done.IDs).To(ConsistOf(tooLong))
 		Expect(db.Count(ctx, spec.Name, "id::text = ANY($1) AND attempts = 0 AND last_error IS NULL AND claimed_by IS NULL AND claimed_at IS NULL"+
 			" AND available_at = enqueued_at", tooLong)).To(Equal(3))
-		Expect(snapshot(ctx, spec.Name, "NOT (id::text = ANY($1))", tooLong)).To(Equal(before), "no other row changed")
+		Expect(db.Snapshot(ctx, spec.Name, "NOT (id::text = ANY($1))", tooLong)).To(Equal(before), "no other row changed")
 
 		status, err := outbox.ReadOutboxStatus(ctx, pool, table, triageMaxAttempts)
 		Expect(err).NotTo(HaveOccurred())
@@ -177,14 +154,14 @@ var _ = Describe("Triage of poisoned rows", Label("integration"), func() {
 	})
 
 	It("counts and lists in a dry run, and changes nothing", func(ctx SpecContext) {
-		before := snapshot(ctx, spec.Name, "true")
+		before := db.Snapshot(ctx, spec.Name, "true")
 		for _, action := range []outbox.PoisonedAction{outbox.ActionReplay, outbox.ActionPark} {
 			done := change(ctx, table, action, selector(100), true)
 			Expect(done.Matched).To(Equal(int64(5)), string(action))
 			Expect(done.Changed).To(BeZero())
 			Expect(done.IDs).To(ConsistOf(append(append([]string{}, tooLong...), returned...)))
 		}
-		Expect(snapshot(ctx, spec.Name, "true")).To(Equal(before))
+		Expect(db.Snapshot(ctx, spec.Name, "true")).To(Equal(before))
 		Expect(change(ctx, table, outbox.ActionReplay, outbox.PoisonedSelector{LastErrorPattern: "no such error", Limit: 100}, true)).To(Equal(outbox.PoisonedChange{Counted: true}))
 	})
 
@@ -273,43 +250,16 @@ var _ = Describe("Triage of poisoned rows", Label("integration"), func() {
 		Expect(len(status.PoisonedBy[0].LastError)).To(BeNumerically("<=", secret.MaxShown+len("…")))
 	})
 
-	It("runs as spillway poisoned list, replay and park, with a dry run, and never prints a password", func(ctx SpecContext) {
-		db.Exec(ctx, "UPDATE "+spec.Name+" SET last_error = 'auth failed for postgres://postgres:sekrit@db/test' WHERE id = $1", returned[1])
-		run := func(args ...string) string {
-			var out bytes.Buffer
-			base := []string{"--database-url", testenv.DatabaseURL(), "--table", spec.Name, fmt.Sprintf("--max-attempts=%d", triageMaxAttempts)}
-			Expect(runPoisoned(ctx, append(args[:1:1], append(base, args[1:]...)...), &out)).To(Succeed(), out.String())
-			return out.String()
-		}
-		listing := run("list")
-		for _, id := range append(append([]string{}, tooLong...), returned...) {
-			Expect(listing).To(ContainSubstring(id))
-		}
-		Expect(listing).To(ContainSubstring("5 rows of " + spec.Name))
-		Expect(listing).NotTo(ContainSubstring("sekrit"))
-		Expect(listing).To(ContainSubstring("postgres://postgres:xxxxx@db/test"))
-
-		before := snapshot(ctx, spec.Name, "true")
-		dry := run("replay", "--dry-run", "--last-error", "routing key%")
-		Expect(dry).To(ContainSubstring("dry run: " + spec.Name + " would replay 3 rows; nothing changed"))
-		Expect(snapshot(ctx, spec.Name, "true")).To(Equal(before))
-
-		Expect(run("park", "--id", returned[0]+","+returned[1])).To(ContainSubstring("parked 2 of 2 matched rows of " + spec.Name))
-		Expect(run("list", "--parked")).To(ContainSubstring("2 rows of " + spec.Name))
-		Expect(run("replay", "--last-error", "routing key%", "--limit", "2")).To(ContainSubstring("replayed 2 of 2 matched rows"))
-		Expect(db.Count(ctx, spec.Name, "id::text = ANY($1) AND attempts = 0", tooLong)).To(Equal(2))
-	})
-
 	DescribeTable("refuses a selector it cannot answer, naming the field, the value and the rule",
 		func(ctx SpecContext, action outbox.PoisonedAction, sel outbox.PoisonedSelector, want ...string) {
-			before := snapshot(ctx, spec.Name, "true")
+			before := db.Snapshot(ctx, spec.Name, "true")
 			_, err := outbox.ChangePoisoned(ctx, pool, table, outbox.PoisonedRequest{Action: action, Selector: sel, MaxAttempts: triageMaxAttempts}, field.NewPath("spec"))
 			Expect(err).To(HaveOccurred())
 			Expect(err).To(BeAssignableToTypeOf(&outbox.InvalidSelectorError{}))
 			for _, w := range want {
 				Expect(err.Error()).To(ContainSubstring(w))
 			}
-			Expect(snapshot(ctx, spec.Name, "true")).To(Equal(before))
+			Expect(db.Snapshot(ctx, spec.Name, "true")).To(Equal(before))
 		},
 		Entry("an id that is no UUID", outbox.ActionReplay, outbox.PoisonedSelector{IDs: []string{"42"}, Limit: 10},
 			`spec.selector.ids[0]: Invalid value: "42": must be a UUID, as the id column is uuid`),
@@ -390,76 +340,4 @@ var _ = Describe("Triage of an adopted table", Label("integration"), func() {
 		Expect(db.Count(ctx, partitions[1], "parked_at IS NOT NULL")).To(Equal(1))
 		Expect(db.Count(ctx, partitions[0], "parked_at IS NULL AND attempts = 0")).To(Equal(1))
 	})
-})
-
-var _ = Describe("Replayed rows", Label("integration"), func() {
-	It("are published again by a running drainer, and no other row is", func(ctx SpecContext) {
-		spec := db.CanonicalOutbox(ctx)
-		db.Seed(ctx, spec.Name, 7)
-		db.Exec(ctx, "UPDATE "+spec.Name+" SET published_at = now() - interval '1 minute' WHERE id IN (SELECT id FROM "+spec.Name+" ORDER BY id LIMIT 3)")
-		stuck := poison(ctx, spec.Name, "published_at IS NULL", "broker returned the message: 312 NO_ROUTE", "10 minutes")
-		topo := topology("#", nil)
-		cfg := testConfig("drainer-a", spec, topo.Exchange)
-		cfg.MaxAttempts = triageMaxAttempts
-		startDrainer(ctx, cfg)
-
-		t := resolved(ctx, spec)
-		done := change(ctx, t, outbox.ActionReplay, outbox.PoisonedSelector{IDs: stuck[:2], Limit: 10}, false)
-		Expect(done.IDs).To(ConsistOf(stuck[:2]))
-		Eventually(func() int {
-			return db.Count(ctx, spec.Name, "id::text = ANY($1) AND published_at IS NOT NULL", stuck[:2])
-		}).Should(Equal(2))
-		got, err := testenv.Consume(amqpChannel(), topo.Queue, 2, 10*time.Second)
-		Expect(err).NotTo(HaveOccurred())
-		Expect([]string{got[0].MessageId, got[1].MessageId}).To(ConsistOf(stuck[:2]))
-		depth, err := testenv.QueueDepth(amqpChannel(), topo.Queue)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(depth).To(BeZero(), "the published rows and the other poisoned ones were not published")
-		Expect(db.Count(ctx, spec.Name, "id::text = ANY($1) AND published_at IS NULL AND available_at = 'infinity'", stuck[2:])).To(Equal(2))
-	})
-
-	It("go back to their places in line: a drainer publishes them in the order they were enqueued, before a row enqueued after them", func(ctx SpecContext) {
-		// Each row is inserted enqueued a second before the one inserted
-		// before it, so the table's order is the reverse of the enqueue
-		// order; the replay runs in batches of 2, the drain in claims of 5.
-		spec := db.CanonicalOutbox(ctx)
-		db.Exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, enqueued_at, attempts, available_at, last_error)
-			SELECT 'order.created', jsonb_build_object('n', g), now() - g * interval '1 second', $1, 'infinity', 'broker returned the message'
-			FROM generate_series(1, 20) g`, triageMaxAttempts)
-		db.Exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload) VALUES ('order.created', '{"n": 0}')`)
-		done := change(ctx, resolved(ctx, spec), outbox.ActionReplay, outbox.PoisonedSelector{Limit: 100}, false)
-		Expect(done.Changed).To(Equal(int64(20)))
-
-		topo := topology("#", nil)
-		cfg := testConfig("drainer-a", spec, topo.Exchange)
-		cfg.MaxAttempts, cfg.BatchSize = triageMaxAttempts, 5
-		startDrainer(ctx, cfg)
-		got, err := testenv.Consume(amqpChannel(), topo.Queue, 21, 10*time.Second)
-		Expect(err).NotTo(HaveOccurred())
-		var order, want []string
-		for _, m := range got {
-			order = append(order, string(m.Body))
-		}
-		for n := 20; n >= 0; n-- {
-			want = append(want, fmt.Sprintf(`{"n": %d}`, n))
-		}
-		Expect(order).To(Equal(want), "oldest enqueued first, the row enqueued after them last")
-	})
-})
-
-var _ = Describe("spillway poisoned's flags", func() {
-	DescribeTable("refuse, before connecting, naming the flag or the field and the rule,",
-		func(args []string, want string) {
-			err := runPoisoned(context.Background(), append(args, "--database-url", "postgres://nobody@127.0.0.1:1/none"), &bytes.Buffer{})
-			Expect(err).To(MatchError(ContainSubstring(want)))
-		},
-		Entry("no verb", []string{}, "usage: spillway poisoned list|replay|park"),
-		Entry("an unknown verb", []string{"delete"}, "usage: spillway poisoned list|replay|park"),
-		Entry("a time that is not RFC 3339", []string{"replay", "--enqueued-since", "yesterday"}, "want an RFC 3339 time"),
-		Entry("a zero limit", []string{"park", "--limit", "0"}, "selector.limit: Invalid value: 0: must be from 1 to 1000000"),
-		Entry("a dry run of a listing", []string{"list", "--dry-run"}, "flag provided but not defined: -dry-run"),
-		Entry("a stray argument", []string{"replay", "everything"}, `unexpected argument "everything": every selector is a flag`),
-		Entry("no maxAttempts", []string{"list", "--max-attempts", "0"}, "maxAttempts: Invalid value: 0: must be greater than 0"),
-		Entry("parking parked rows", []string{"park", "--parked"}, "selector.parked: Invalid value: true"),
-	)
 })

@@ -1,4 +1,4 @@
-package drainer
+package commands
 
 import (
 	"context"
@@ -8,53 +8,15 @@ import (
 	"io"
 	"os"
 	"slices"
-	"strings"
 	"text/tabwriter"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
-
-// listFlag collects a repeatable, comma-separated flag.
-type listFlag struct{ values *[]string }
-
-func (f listFlag) String() string {
-	if f.values == nil {
-		return ""
-	}
-	return strings.Join(*f.values, ",")
-}
-
-func (f listFlag) Set(s string) error {
-	for v := range strings.SplitSeq(s, ",") {
-		if v = strings.TrimSpace(v); v != "" {
-			*f.values = append(*f.values, v)
-		}
-	}
-	return nil
-}
-
-// timeFlag is an optional RFC 3339 time.
-type timeFlag struct{ t **time.Time }
-
-func (f timeFlag) String() string {
-	if f.t == nil || *f.t == nil {
-		return ""
-	}
-	return (*f.t).Format(time.RFC3339Nano)
-}
-
-func (f timeFlag) Set(s string) error {
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		return errors.New("want an RFC 3339 time, such as 2024-06-01T12:00:00Z")
-	}
-	*f.t = &t
-	return nil
-}
 
 // poisonedOptions are the flags of spillway poisoned list, replay and park.
 type poisonedOptions struct {
@@ -67,12 +29,11 @@ type poisonedOptions struct {
 // table flags of drain and migrate, the selector, and for replay and park
 // --dry-run and --batch-size.
 func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
-	cfg := DefaultConfig()
 	fs := flag.NewFlagSet("poisoned "+verb, flag.ContinueOnError)
-	registerTableFlags(fs, &cfg)
-	o := poisonedOptions{Request: outbox.PoisonedRequest{Action: outbox.PoisonedAction(verb)}}
+	o := poisonedOptions{Table: outbox.TableSpec{Name: outbox.DefaultTableName}, Request: outbox.PoisonedRequest{Action: outbox.PoisonedAction(verb)}}
+	registerTableFlags(fs, &o.Database, &o.Table)
 	sel := &o.Request.Selector
-	fs.IntVar(&o.Request.MaxAttempts, "max-attempts", cfg.MaxAttempts, "the fleet's --max-attempts: a row with this many attempts is poisoned")
+	fs.IntVar(&o.Request.MaxAttempts, "max-attempts", drainer.DefaultConfig().MaxAttempts, "the fleet's --max-attempts: a row with this many attempts is poisoned")
 	fs.Var(listFlag{&sel.IDs}, "id", "pick these row ids (repeatable, or comma-separated)")
 	fs.StringVar(&sel.LastErrorPattern, "last-error", "", `pick rows whose last_error matches this SQL LIKE pattern: % is any text, _ one character, \ escapes (case-sensitive)`)
 	fs.Var(timeFlag{&sel.EnqueuedSince}, "enqueued-since", "pick rows enqueued at or after this RFC 3339 time")
@@ -89,7 +50,6 @@ func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected argument %q: every selector is a flag (see -h)", fs.Arg(0))
 	}
-	o.Database, o.Table = cfg.Database, cfg.Table
 	errs := o.Database.Validate(field.NewPath("database"), "the outbox database's connection URL")
 	errs = append(errs, o.Table.Validate(field.NewPath("database"))...)
 	if verb == "list" {

@@ -1,0 +1,133 @@
+// Package commands holds spillway's subcommands, each a function of its
+// arguments: drain, migrate, poisoned and manager. Only main imports it.
+package commands
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"log/slog"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/secret"
+)
+
+// ParseDrainFlags turns the arguments of `spillway drain` into a checked
+// config and the address of the metrics and probes. The operator's
+// Deployment builder is tested against it.
+func ParseDrainFlags(args []string) (cfg drainer.Config, httpAddr string, err error) {
+	cfg = drainer.DefaultConfig()
+	cfg.DrainerID = defaultDrainerID()
+	fs := newFlagSet(&cfg)
+	fs.StringVar(&httpAddr, "metrics-addr", ":8080", "listen address of /metrics, /healthz and /readyz (empty: off)")
+	if err := fs.Parse(args); err != nil {
+		return cfg, "", err
+	}
+	return cfg, httpAddr, cfg.Validate()
+}
+
+// DrainCommand is `spillway drain`.
+func DrainCommand(ctx context.Context, args []string) error {
+	cfg, httpAddr, err := ParseDrainFlags(args)
+	if err != nil {
+		return err
+	}
+	log := slog.New(drainer.NewLogHandler(os.Stderr)).With("drainer", cfg.DrainerID)
+	gcPercent, memoryLimit := drainer.TuneGC(cfg)
+	store, closeStore, err := drainer.Open(ctx, cfg, log)
+	if ctx.Err() != nil {
+		return nil // stopped before it started
+	}
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+	for _, note := range store.Notes() {
+		log.Warn(note)
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	d, err := drainer.New(cfg, store, drainer.NewMetrics(reg), log)
+	if err != nil {
+		return err
+	}
+	if httpAddr != "" {
+		srv := &http.Server{Addr: httpAddr, Handler: d.Handler(reg), ReadHeaderTimeout: 5 * time.Second}
+		go func() {
+			if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				log.Error("HTTP server stopped", "addr", httpAddr, "error", err)
+			}
+		}()
+		defer srv.Close()
+	}
+	log.Info("Drainer started", "table", store.Table().Name(),
+		"database", secret.RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File,
+		"broker", secret.RedactURL(cfg.Broker.URL), "brokerFile", cfg.Broker.File, "exchange", cfg.Broker.Exchange,
+		"gcPercent", gcPercent, "memoryLimitBytes", memoryLimit)
+	return d.Run(ctx)
+}
+
+// registerDrainFlags binds every drain flag to c, whose values are the
+// defaults.
+func registerDrainFlags(fs *flag.FlagSet, c *drainer.Config) {
+	registerTableFlags(fs, &c.Database, &c.Table)
+	fs.StringVar(&c.DrainerID, "drainer-id", c.DrainerID, "drainer ID, stamped on claims (default $POD_NAME, then the hostname)")
+	fs.StringVar(&c.Broker.URL, "broker-url", os.Getenv("BROKER_URL"), "AMQP URL of the broker, for local use (default $BROKER_URL)")
+	fs.StringVar(&c.Broker.File, "broker-url-file", "", "file holding the AMQP URL, re-read at every reconnect (a mounted secret)")
+	fs.StringVar(&c.Broker.Exchange, "exchange", c.Broker.Exchange, "exchange to publish to (required, unless --mandatory publishes to the default exchange)")
+	fs.BoolVar(&c.Broker.Mandatory, "mandatory", c.Broker.Mandatory, "publish mandatory: an unroutable row counts a failed attempt")
+	fs.BoolVar(&c.Broker.DeclareExchange, "declare-exchange", c.Broker.DeclareExchange, "declare the exchange (durable) on connect")
+	fs.StringVar(&c.Broker.ExchangeType, "exchange-type", c.Broker.ExchangeType, "exchange type for --declare-exchange")
+	fs.IntVar(&c.BatchSize, "batch-size", c.BatchSize, "rows per claim")
+	fs.IntVar(&c.PipelineDepth, "pipeline-depth", c.PipelineDepth, "publisher confirms in flight at most")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", c.LeaseTTL, "how long a claim is held before another drainer may take it over")
+	fs.DurationVar(&c.PollInterval, "poll-interval", c.PollInterval, "wait between claims when the outbox is drained")
+	fs.DurationVar(&c.WakeCoalesce, "wake-coalesce", c.WakeCoalesce,
+		"least time between the starts of claims woken by notifications, so that a stream of commits shares claims; a notification after a quiet spell is claimed at once (0: claim at every notification)")
+	fs.DurationVar(&c.ConfirmTimeout, "confirm-timeout", c.ConfirmTimeout, "deadline of one publisher confirm (0: a third of --lease-ttl)")
+	fs.IntVar(&c.MaxAttempts, "max-attempts", c.MaxAttempts, "failed attempts after which a row is poisoned")
+	fs.DurationVar(&c.RetryInitial, "retry-initial", c.RetryInitial, "backoff after a row's first failure")
+	fs.DurationVar(&c.RetryMax, "retry-max", c.RetryMax, "cap of the exponential retry backoff")
+	fs.Int64Var(&c.MaxPayloadBytes, "max-payload-bytes", c.MaxPayloadBytes, "larger payloads are not loaded and fail the row")
+	fs.Int64Var(&c.MaxClaimBytes, "max-claim-bytes", c.MaxClaimBytes,
+		"a claim stops at the first row whose payload would take it over this many bytes; a larger row is claimed alone")
+	fs.Int64Var(&c.MaxPipelineBytes, "max-pipeline-bytes", c.MaxPipelineBytes,
+		"payload bytes published and awaiting their confirm, at most; a larger message is published alone")
+	fs.Func("message-properties", `AMQP properties beside message_id, delivery mode, content type and headers: full (also the enqueue time as timestamp, the routing key as type, spillway as app_id) or compact (none: with a uuid id, RabbitMQ spends 7–20 % less CPU per message) (default "full")`,
+		func(v string) error { c.Broker.MessageProperties = drainer.MessageProperties(v); return nil })
+	fs.StringVar(&c.ContentType, "content-type", c.ContentType, "message content type (default from the payload column's type)")
+	fs.BoolVar(&c.SynchronousCommit, "synchronous-commit", c.SynchronousCommit,
+		"commit claims and settles synchronously (off: the application's commits do not queue behind the drainer's WAL flushes)")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout,
+		"on SIGTERM, how long to wait for confirms in flight, settle them and release the rest")
+	fs.Var(windowFlag{&c.Retention.Published}, "retention-published", "delete published rows this long after publishing; 0s deletes each row once its publish is confirmed (unset: keep)")
+	fs.Var(windowFlag{&c.Retention.UnpublishedMaxAge}, "retention-unpublished-max-age",
+		"delete rows never published this long after enqueued_at, poisoned ones included (unset: keep)")
+	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "pause between retention runs")
+	fs.StringVar(&c.Table.Ordering.OnFailure, "ordering-on-failure", "",
+		"with --ordering-key-column, what a failed row does to its key: block (the later rows wait for it; the default) or skip (it is poisoned at once, and they go on)")
+	fs.Float64Var(&c.MaxRate, "max-rate", c.MaxRate,
+		"events per second that all the drainers of the table publish together, at most, each taking an equal share (0: no cap)")
+	fs.DurationVar(&c.MaxCommitLatency, "max-commit-latency", c.MaxCommitLatency,
+		"slow the drain down while a commit on the database takes longer than this, as timed on one settle every 100ms committed synchronously (0: off)")
+}
+
+func defaultDrainerID() string {
+	if id := os.Getenv("POD_NAME"); id != "" {
+		return id
+	}
+	host, _ := os.Hostname()
+	return host
+}
+
+func newFlagSet(cfg *drainer.Config) *flag.FlagSet {
+	fs := flag.NewFlagSet("drain", flag.ContinueOnError)
+	registerDrainFlags(fs, cfg)
+	return fs
+}

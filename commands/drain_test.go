@@ -1,0 +1,99 @@
+package commands
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+func TestCommands(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Commands Suite")
+}
+
+var pool *pgxpool.Pool
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	services, err := testenv.Connect(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(services.Close)
+	pool = services.DB
+})
+
+var _ = Describe("spillway drain flags", func() {
+	It("parses --columns pairs and names an unknown logical column", func() {
+		var c outbox.Columns
+		Expect(columnsFlag{&c}.Set("id=event_id, enqueuedAt=created_at")).To(Succeed())
+		Expect(c.ID).To(Equal("event_id"))
+		Expect(c.EnqueuedAt).To(Equal("created_at"))
+		Expect(columnsFlag{&c}.Set("key=x")).To(MatchError(ContainSubstring(`unknown column "key"`)))
+	})
+
+	base := []string{"--database-url=postgres://x@127.0.0.1/db", "--broker-url=amqp://127.0.0.1/", "--drainer-id=d-1"}
+
+	It("rejects bad values before connecting to anything, naming the field, value and rule", func() {
+		err := DrainCommand(context.Background(), append(base, "--batch-size=0", "--pipeline-depth=10", "--lease-ttl=1s"))
+		Expect(err).To(MatchError(And(
+			ContainSubstring("batchSize: Invalid value: 0: must be greater than 0"),
+			ContainSubstring(`leaseTTL: Invalid value: "1s": must be at least 3 × pipelineDepth × 100ms = 3s for pipelineDepth 10`),
+		)))
+	})
+
+	It("rejects a table name containing SQL", func() {
+		err := DrainCommand(context.Background(), append(base, "--table=public.outbox;drop table users"))
+		Expect(err).To(MatchError(ContainSubstring(`database.table: Invalid value: "public.outbox;drop table users"`)))
+	})
+
+	It("binds every setting to the config with the documented defaults", func() {
+		cfg := drainer.DefaultConfig()
+		fs := newFlagSet(&cfg)
+		Expect(fs.Parse([]string{"--columns=id=event_id", "--routing-key-field=type", "--mandatory", "--max-attempts=3"})).To(Succeed())
+		Expect(cfg.Table.Columns.ID).To(Equal("event_id"))
+		Expect(cfg.Table.RoutingKey.PayloadField).To(Equal("type"))
+		Expect(cfg.Broker.Mandatory).To(BeTrue())
+		Expect(cfg.MaxAttempts).To(Equal(3))
+		Expect(cfg.BatchSize).To(Equal(500))
+		Expect(cfg.PipelineDepth).To(Equal(256))
+		Expect(cfg.LeaseTTL.String()).To(Equal("1m20s"))
+		Expect(cfg.SynchronousCommit).To(BeFalse())
+		Expect(cfg.ShutdownTimeout.String()).To(Equal("30s"))
+		Expect(cfg.MaxClaimBytes).To(Equal(int64(8 << 20)))
+		Expect(cfg.MaxPipelineBytes).To(Equal(int64(16 << 20)))
+		Expect(cfg.Broker.MessageProperties).To(Equal(drainer.FullProperties))
+		Expect(cfg.Retention.Published).To(BeNil(), "kept forever unless set")
+		Expect(cfg.Retention.UnpublishedMaxAge).To(BeNil())
+	})
+
+	It("takes secrets as files, retention windows as durations and the message properties by name", func() {
+		cfg := drainer.DefaultConfig()
+		fs := newFlagSet(&cfg)
+		Expect(fs.Parse([]string{"--database-url-file=/var/run/secrets/db/url", "--broker-url-file=/var/run/secrets/amqp/url",
+			"--retention-published=168h", "--retention-unpublished-max-age=720h", "--shutdown-timeout=10s",
+			"--message-properties=compact"})).To(Succeed())
+		Expect(cfg.Database.File).To(Equal("/var/run/secrets/db/url"))
+		Expect(cfg.Broker.File).To(Equal("/var/run/secrets/amqp/url"))
+		Expect(*cfg.Retention.Published).To(Equal(168 * time.Hour))
+		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
+		Expect(cfg.ShutdownTimeout).To(Equal(10 * time.Second))
+		Expect(cfg.Broker.MessageProperties).To(Equal(drainer.CompactProperties))
+	})
+
+	It("refuses a zero unpublished retention window given as a flag", func() {
+		err := DrainCommand(context.Background(), append(base, "--retention-unpublished-max-age=0s"))
+		Expect(err).To(MatchError(ContainSubstring(`retention.unpublishedMaxAge: Invalid value: "0s": must be greater than 0`)))
+	})
+
+	It("takes a zero published window as deleting each row once published", func() {
+		cfg := drainer.DefaultConfig()
+		Expect(newFlagSet(&cfg).Parse([]string{"--retention-published=0s"})).To(Succeed())
+		Expect(cfg.Retention.Published).To(HaveValue(BeZero()))
+	})
+})
