@@ -2,18 +2,14 @@ package probe
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/controllers/resource"
 	"github.com/spillway-io/spillway/outbox"
-	"github.com/spillway-io/spillway/secret"
 )
 
 // ChangeResult is what one run of an OutboxReplay's change found and did.
@@ -52,40 +48,10 @@ func Change(ctx context.Context, secrets client.Reader, namespace string, db v1a
 	if err != nil {
 		return ChangeResult{Reason: v1alpha1.ReasonTableNotUsable, Message: err.Error()}, nil
 	}
-	cfg, err := poolConfig(url, timeout)
+	table, done, err := outbox.NewReader(timeout).Change(ctx, url, spec, req, field.NewPath("spec"))
+	result := ChangeResult{Table: table, Change: done}
 	if err != nil {
-		// pgx's parse errors can quote the URL, password included.
-		return ChangeResult{Reason: v1alpha1.ReasonInvalidDatabaseURL, Message: fmt.Sprintf(
-			"The database URL in Secret %q, key %q, is not a valid Postgres connection string", ref.Name, ref.Key)}, nil
-	}
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return ChangeResult{Reason: v1alpha1.ReasonInvalidDatabaseURL, Message: secret.RedactError(err, url).Error()}, nil
-	}
-	defer pool.Close()
-	redacted := secret.RedactURL(url)
-	bounded, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	conn, err := pool.Acquire(bounded)
-	if err != nil {
-		return ChangeResult{Reason: v1alpha1.ReasonConnectionFailed,
-			Message: fmt.Sprintf("Connect to %s: %v", redacted, noAnswer(bounded, secret.RedactError(err, url), timeout))}, nil
-	}
-	defer conn.Release()
-	table, err := outbox.ResolveOutbox(bounded, conn, spec)
-	if unusable := (*outbox.UnusableTableError)(nil); errors.As(err, &unusable) {
-		return ChangeResult{Reason: v1alpha1.ReasonTableNotUsable, Message: err.Error()}, nil
-	} else if err != nil {
-		return ChangeResult{Reason: v1alpha1.ReasonQueryFailed, Message: noAnswer(bounded, secret.RedactError(err, url), timeout).Error()}, nil
-	}
-	req.StatementTimeout = timeout
-	done, err := outbox.ChangePoisoned(ctx, conn, table, req, field.NewPath("spec"))
-	result := ChangeResult{Table: table.Name(), Change: done}
-	if invalid := (*outbox.InvalidSelectorError)(nil); errors.As(err, &invalid) {
-		result.Reason, result.Message = v1alpha1.ReasonInvalidSelector, err.Error()
-	} else if err != nil {
-		result.Reason, result.Message = v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), timeout).Error()
+		result.Reason, result.Message = failedRead(err, ref, url)
 	}
 	return result, nil
 }

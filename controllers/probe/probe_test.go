@@ -28,32 +28,3 @@ var _ = Describe("The Prober's schedule", func() {
 		Entry("never sooner than a long interval", 10*time.Minute, 3, 10*time.Minute),
 	)
 })
-
-var _ = Describe("The connection pools", func() {
-	It("share one pool per database URL, and close those no fleet uses once idle", func() {
-		ps := newPools(time.Second)
-		DeferCleanup(ps.closeAll)
-		a, err := ps.get("postgres://spillway@db-a.example:5432/app")
-		Expect(err).NotTo(HaveOccurred())
-		again, err := ps.get("postgres://spillway@db-a.example:5432/app")
-		Expect(err).NotTo(HaveOccurred())
-		Expect(again).To(BeIdenticalTo(a), "reused, not reopened")
-		b, err := ps.get("postgres://spillway@db-b.example:5432/app")
-		Expect(err).NotTo(HaveOccurred())
-		Expect(b).NotTo(BeIdenticalTo(a))
-		Expect(a.Config().MaxConns).To(BeEquivalentTo(maxConnsPerDatabase))
-		Expect(a.Config().ConnConfig.RuntimeParams).To(HaveKeyWithValue("application_name", "spillway-operator"))
-
-		ps.closeUnused(map[string]bool{"postgres://spillway@db-a.example:5432/app": true})
-		Expect(ps.byURL).To(HaveLen(2), "b was used a moment ago: a read may not have recorded it yet")
-		ps.byURL["postgres://spillway@db-b.example:5432/app"].lastUsed = time.Now().Add(-time.Minute)
-		ps.closeUnused(map[string]bool{"postgres://spillway@db-a.example:5432/app": true})
-		Expect(ps.byURL).To(HaveKey("postgres://spillway@db-a.example:5432/app"))
-		Expect(ps.byURL).NotTo(HaveKey("postgres://spillway@db-b.example:5432/app"))
-	})
-
-	It("refuses a URL that is not a Postgres connection string", func() {
-		_, err := newPools(time.Second).get("postgres://spillway@db:notaport/app")
-		Expect(err).To(HaveOccurred())
-	})
-})

@@ -26,6 +26,7 @@ import (
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/controllers/status"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // Target is what to read for one fleet; a change of it is read at once.
@@ -132,7 +133,7 @@ type Prober struct {
 
 	queue  workqueue.TypedDelayingInterface[types.NamespacedName]
 	events chan event.TypedGenericEvent[client.Object]
-	pools  *pools
+	reader *outbox.Reader
 	// healthy and failing are the two lanes' semaphores.
 	healthy, failing chan struct{}
 
@@ -152,7 +153,7 @@ func New(secrets client.Reader, recorder events.EventRecorder, metrics *Metrics,
 			Name: "outbox-probe",
 		}),
 		events:  make(chan event.TypedGenericEvent[client.Object], 1024),
-		pools:   newPools(opts.Timeout),
+		reader:  outbox.NewReader(opts.Timeout),
 		healthy: make(chan struct{}, opts.Concurrency),
 		failing: make(chan struct{}, max(1, opts.Concurrency/4)),
 		entries: map[types.NamespacedName]*entry{},
@@ -234,7 +235,7 @@ func (p *Prober) NeedLeaderElection() bool { return true }
 func (p *Prober) Start(ctx context.Context) error {
 	log := ctrl.LoggerFrom(ctx).WithName("outbox-probe")
 	ctx = ctrl.LoggerInto(ctx, log)
-	defer p.pools.closeAll()
+	defer p.reader.Close()
 	go func() {
 		<-ctx.Done()
 		p.queue.ShutDown()
@@ -348,5 +349,5 @@ func (p *Prober) sweep() {
 		used[e.url] = true
 	}
 	p.mu.Unlock()
-	p.pools.closeUnused(used)
+	p.reader.CloseUnused(used)
 }

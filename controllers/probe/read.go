@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -70,126 +67,89 @@ func secretValue(ctx context.Context, secrets client.Reader, namespace, what str
 	return string(v), "", nil
 }
 
-// queryOutbox reads the outbox's health on a pooled connection, in a
-// read-only transaction whose statements the server stops at the timeout,
-// and rehearses the drainers' statements, which the database may refuse
-// though it lets the outbox be read.
-// The messages it returns never include the URL's password, nor do the
-// poisoned rows' last errors include either URL's.
+// queryOutbox reads the outbox's health through the table layer, which
+// also rehearses the drainers' statements and releases the dead drainers'
+// claims, and says what it found as a condition's reason and message. The
+// messages never include the URL's password, nor do the poisoned rows' last
+// errors include either URL's.
 func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL string) (reason, message string, read *outbox.OutboxStatus) {
-	ctx, cancel := context.WithTimeout(ctx, p.opts.Timeout)
-	defer cancel()
 	spec, err := resource.TableSpec(t.Database, t.Ordering)
 	if err != nil {
 		return v1alpha1.ReasonTableNotUsable, err.Error(), nil
 	}
-	ref := t.Database.URLSecretRef
-	pool, err := p.pools.get(url)
+	req := outbox.HealthRead{Spec: spec, MaxAttempts: t.MaxAttempts, CountLimit: p.opts.CountLimit, Secrets: []string{brokerURL},
+		BlockedKeys: t.Ordering != nil && t.Ordering.OnFailure != outbox.OnFailureSkip, Lease: t.LeaseTTL}
+	for _, d := range t.Dead {
+		req.Dead = append(req.Dead, d.ID)
+	}
+	health, err := p.reader.ReadHealth(ctx, url, req)
 	if err != nil {
-		// pgx's parse errors can quote the URL, password included.
-		return v1alpha1.ReasonInvalidDatabaseURL, fmt.Sprintf("The database URL in Secret %q, key %q, is not a valid Postgres connection string",
-			ref.Name, ref.Key), nil
-	}
-	redacted := secret.RedactURL(url)
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return v1alpha1.ReasonConnectionFailed, fmt.Sprintf("Connect to %s: %v", redacted, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout)), nil
-	}
-	defer conn.Release()
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{AccessMode: pgx.ReadOnly})
-	if err != nil {
-		return v1alpha1.ReasonConnectionFailed, fmt.Sprintf("Begin a read-only transaction on %s: %v", redacted, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout)), nil
-	}
-	// Rolled back: it only read.
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	limits := outbox.ProbeLimits(p.opts.Timeout)
-	if _, err := tx.Exec(ctx, limits.SQL, limits.Args...); err != nil {
-		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
-	}
-	resolved, err := outbox.ResolveOutbox(ctx, tx, spec)
-	if unusable := (*outbox.UnusableTableError)(nil); errors.As(err, &unusable) {
-		return v1alpha1.ReasonTableNotUsable, err.Error(), nil
-	} else if err != nil {
-		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
-	}
-	o, err := outbox.ReadBoundedOutboxStatus(ctx, tx, resolved, t.MaxAttempts, p.opts.CountLimit, url, brokerURL)
-	if err != nil {
-		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
-	}
-	if t.Ordering != nil && t.Ordering.OnFailure != outbox.OnFailureSkip {
-		blocked, err := outbox.ReadBlockedKeys(ctx, tx, resolved, p.opts.CountLimit)
-		if err != nil {
-			return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
+		reason, message := failedRead(err, t.Database.URLSecretRef, url)
+		if reason == v1alpha1.ReasonStatementRefused {
+			return reason, message, &health.Status
 		}
-		o.Blocked = &blocked
+		return reason, message, nil
 	}
-	// Last, since a refused rehearsal ends the transaction: the numbers
-	// are read, and go with the refusal.
-	if err := outbox.Rehearse(ctx, tx, resolved, t.MaxAttempts); err != nil {
-		if refused := (*outbox.StatementRefusedError)(nil); errors.As(err, &refused) {
-			return v1alpha1.ReasonStatementRefused, err.Error(), &o
-		}
-		return v1alpha1.ReasonQueryFailed, noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout).Error(), nil
-	}
-	_ = tx.Rollback(ctx)
-	p.releaseDead(ctx, conn, resolved, t, url)
-	return v1alpha1.ReasonOutboxRead, "Read the outbox table " + resolved.Name(), &o
+	p.recordReleases(ctx, t, health.Released)
+	return v1alpha1.ReasonOutboxRead, "Read the outbox table " + health.Table, &health.Status
 }
 
-// releaseDead gives back the claims of the fleet's dead drainers, as the
-// start-up release they will never run would: through the table mapping,
-// fenced on the drainer's ID and on live leases, so that it touches only
-// the rows the dead drainer holds. A drainer that is only cut off (its
-// node unreachable) and still publishing settles nothing of what it loses
-// here: its settles are fenced on their claims, so the rows are published
-// again, a duplicate and never a loss. Each release is a short
-// transaction of its own, bounded on the server like the read.
-func (p *Prober) releaseDead(ctx context.Context, conn *pgxpool.Conn, table *outbox.Table, t Target, url string) {
+// failedRead is the reason and message of a read or a change of an outbox
+// that failed with err, through the Secret ref holding url.
+func failedRead(err error, ref v1alpha1.SecretKeyRef, url string) (reason, message string) {
+	var (
+		invalid   outbox.InvalidURLError
+		connect   *outbox.ConnectError
+		unusable  *outbox.UnusableTableError
+		refused   *outbox.StatementRefusedError
+		selection *outbox.InvalidSelectorError
+	)
+	switch {
+	case errors.As(err, &invalid):
+		return v1alpha1.ReasonInvalidDatabaseURL, fmt.Sprintf("The database URL in Secret %q, key %q, is %s", ref.Name, ref.Key, invalid)
+	case errors.As(err, &connect):
+		return v1alpha1.ReasonConnectionFailed, fmt.Sprintf("Connect to %s: %v", secret.RedactURL(url), connect)
+	case errors.As(err, &unusable):
+		return v1alpha1.ReasonTableNotUsable, err.Error()
+	case errors.As(err, &refused):
+		return v1alpha1.ReasonStatementRefused, err.Error()
+	case errors.As(err, &selection):
+		return v1alpha1.ReasonInvalidSelector, err.Error()
+	}
+	return v1alpha1.ReasonQueryFailed, err.Error()
+}
+
+// recordReleases tells of the releases of the fleet's dead drainers'
+// claims: as the start-up release they will never run would, through the
+// table mapping, fenced on the drainer's ID and on live leases, so that it
+// touches only the rows the dead drainer holds. A drainer that is only cut
+// off (its node unreachable) and still publishing settles nothing of what
+// it loses here: its settles are fenced on their claims, so the rows are
+// published again, a duplicate and never a loss.
+func (p *Prober) recordReleases(ctx context.Context, t Target, released []outbox.Release) {
 	log := ctrl.LoggerFrom(ctx).WithValues("outboxdrainer", t.Key)
 	fleet := &v1alpha1.OutboxDrainer{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.GroupVersion.String(), Kind: "OutboxDrainer"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: t.Key.Namespace, Name: t.Key.Name, UID: t.UID},
 	}
-	limits := outbox.ProbeLimits(p.opts.Timeout)
-	for _, d := range t.Dead {
+	for i, r := range released {
+		d := t.Dead[i]
 		// The pod is the event's related object: the recorder folds events
 		// of the same object, reason and related object into one series.
 		pod := &corev1.Pod{
 			TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Pod"},
 			ObjectMeta: metav1.ObjectMeta{Namespace: t.Key.Namespace, Name: d.ID},
 		}
-		release := table.ReleaseHeld(d.ID, t.LeaseTTL, nil)
-		var released int64
-		err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, limits.SQL, limits.Args...); err != nil {
-				return err
-			}
-			tag, err := tx.Exec(ctx, release.SQL, release.Args...)
-			released = tag.RowsAffected()
-			return err
-		})
-		if err != nil {
-			err = noAnswer(ctx, secret.RedactError(err, url), p.opts.Timeout)
-			log.Error(err, "Failed to release the claims of a dead drainer", "drainer", d.ID)
+		switch {
+		case r.Err != nil:
+			log.Error(r.Err, "Failed to release the claims of a dead drainer", "drainer", d.ID)
 			p.recorder.Eventf(fleet, pod, corev1.EventTypeWarning, "FailedReleaseClaims", "ReleaseClaims",
-				"Failed to release the claims of drainer %s (%s): %v", d.ID, d.Message, err)
-			continue
+				"Failed to release the claims of drainer %s (%s): %v", d.ID, d.Message, r.Err)
+		case r.Rows > 0:
+			p.metrics.ReleasedClaims.WithLabelValues(t.Key.Namespace, t.Key.Name, d.Reason).Add(float64(r.Rows))
+			log.Info("Released the claims of a dead drainer", "drainer", d.ID, "reason", d.Reason, "rows", r.Rows)
+			p.recorder.Eventf(fleet, pod, corev1.EventTypeNormal, "ReleasedClaims", "ReleaseClaims",
+				"Released %d claims of drainer %s: %s", r.Rows, d.ID, d.Message)
 		}
-		if released == 0 {
-			continue
-		}
-		p.metrics.ReleasedClaims.WithLabelValues(t.Key.Namespace, t.Key.Name, d.Reason).Add(float64(released))
-		log.Info("Released the claims of a dead drainer", "drainer", d.ID, "reason", d.Reason, "rows", released)
-		p.recorder.Eventf(fleet, pod, corev1.EventTypeNormal, "ReleasedClaims", "ReleaseClaims",
-			"Released %d claims of drainer %s: %s", released, d.ID, d.Message)
 	}
-}
-
-// noAnswer says plainly that the database did not answer in time, where
-// pgx would say "context deadline exceeded".
-func noAnswer(ctx context.Context, err error, timeout time.Duration) error {
-	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("no answer within %s", timeout)
-	}
-	return err
 }
