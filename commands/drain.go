@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -100,8 +101,8 @@ func registerDrainFlags(fs *flag.FlagSet, c *drainer.Config) {
 	fs.Int64Var(&c.MaxPipelineBytes, "max-pipeline-bytes", c.MaxPipelineBytes,
 		"payload bytes published and awaiting their confirm, at most; a larger message is published alone")
 	fs.Func("message-properties", `AMQP properties beside message_id, delivery mode, content type and headers: full (also the enqueue time as timestamp, the routing key as type, spillway as app_id) or compact (none: with a uuid id, RabbitMQ spends 7–20 % less CPU per message) (default "full")`,
-		func(v string) error { c.Broker.MessageProperties = drainer.MessageProperties(v); return nil })
-	fs.StringVar(&c.ContentType, "content-type", c.ContentType, "message content type (default from the payload column's type)")
+		func(v string) error { c.Broker.MessageProperties = rabbitmq.MessageProperties(v); return nil })
+	fs.StringVar(&c.Broker.ContentType, "content-type", c.Broker.ContentType, "message content type (default from the payload column's type)")
 	fs.BoolVar(&c.SynchronousCommit, "synchronous-commit", c.SynchronousCommit,
 		"commit claims and settles synchronously (off: the application's commits do not queue behind the drainer's WAL flushes)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout,

@@ -10,6 +10,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -67,7 +68,7 @@ var _ = Describe("spillway drain flags", func() {
 		Expect(cfg.ShutdownTimeout.String()).To(Equal("30s"))
 		Expect(cfg.MaxClaimBytes).To(Equal(int64(8 << 20)))
 		Expect(cfg.MaxPipelineBytes).To(Equal(int64(16 << 20)))
-		Expect(cfg.Broker.MessageProperties).To(Equal(drainer.FullProperties))
+		Expect(cfg.Broker.MessageProperties).To(Equal(rabbitmq.FullProperties))
 		Expect(cfg.Retention.Published).To(BeNil(), "kept forever unless set")
 		Expect(cfg.Retention.UnpublishedMaxAge).To(BeNil())
 	})
@@ -83,7 +84,7 @@ var _ = Describe("spillway drain flags", func() {
 		Expect(*cfg.Retention.Published).To(Equal(168 * time.Hour))
 		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
 		Expect(cfg.ShutdownTimeout).To(Equal(10 * time.Second))
-		Expect(cfg.Broker.MessageProperties).To(Equal(drainer.CompactProperties))
+		Expect(cfg.Broker.MessageProperties).To(Equal(rabbitmq.CompactProperties))
 	})
 
 	It("refuses a zero unpublished retention window given as a flag", func() {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/controllers/resource"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/samples"
 )
@@ -51,7 +51,7 @@ var _ = Describe("The drainer's command line", func() {
 		Expect(*cfg.Retention.UnpublishedMaxAge).To(Equal(720 * time.Hour))
 		Expect(cfg.MaxRate).To(Equal(1600.0))
 		Expect(cfg.MaxCommitLatency).To(Equal(4 * time.Millisecond))
-		Expect(cfg.Broker.MessageProperties).To(Equal(drainer.CompactProperties))
+		Expect(cfg.Broker.MessageProperties).To(Equal(rabbitmq.CompactProperties))
 		Expect(cfg.Table.Ordering).To(Equal(outbox.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}))
 		Expect(httpAddr).To(Equal(fmt.Sprintf(":%d", resource.MetricsPort)))
 	})

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/outbox"
 )
 
@@ -35,7 +37,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 			if err := d.connectBroker(ctx, hardStop); err != nil {
 				return
 			}
-			if d.broker.blocked() {
+			if d.broker.Blocked() {
 				// Rows claimed now could only be released; the unblock
 				// wakes the loop.
 				p.idle(ctx, d.cfg.PollInterval, d.wake)
@@ -67,7 +69,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 		retry.Reset()
 		d.statementSucceeded(statementClaim)
 		full := c.claim.Full(c.size)
-		if full && !d.cfg.SerialBatches && d.brokerUsable() && !d.broker.blocked() && d.pushback.wait() == 0 {
+		if full && !d.cfg.SerialBatches && d.brokerUsable() && !d.broker.Blocked() && d.pushback.wait() == 0 {
 			next = d.claim(hardStop)
 		}
 		if wait := d.rate.take(len(c.claim.Rows)); wait > 0 {
@@ -213,28 +215,28 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	}
 	if d.broker != nil {
 		switch {
-		case !d.broker.healthy():
+		case !d.broker.Healthy():
 			d.log.Warn("Broker channel closed; reconnecting")
 		case d.rotateBroker.Load():
 			d.log.Info("Reconnecting to the broker with the changed URL file")
 		default:
 			d.log.Info("Replacing the broker channel, which gave up a confirm while the broker blocked it")
 		}
-		d.broker.close()
+		d.broker.Close()
 		d.broker = nil
 		d.current.Store(nil)
 	}
 	// The dial reads the URL file afresh.
 	d.rotateBroker.Store(false)
-	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (*brokerChannel, error) {
-		return dialBroker(hardStop, d.cfg.Broker, d.cfg.DrainerID, d.cfg.PipelineDepth, d.cfg.MaxPayloadBytes, d.log, d.poke)
+	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (sink.Sink, error) {
+		return d.dialer.Dial(hardStop, d.poke)
 	}, d.liveness.beat)
 	if err != nil {
 		return err
 	}
-	d.log.Info("Connected to broker", "exchange", d.cfg.Broker.Exchange)
+	d.log.Info("Connected to broker", "to", d.dialer.Where())
 	d.broker = b
-	d.current.Store(b)
+	d.current.Store(&openSink{b})
 	return nil
 }
 
@@ -242,7 +244,7 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 // reconnect with a changed URL file, and not stale, unless the broker still
 // blocks it (a new connection would block too).
 func (d *Drainer) brokerUsable() bool {
-	return d.broker.healthy() && !d.rotateBroker.Load() && (!d.broker.stale.Load() || d.broker.blocked())
+	return d.broker.Healthy() && !d.rotateBroker.Load() && (!d.broker.Stale() || d.broker.Blocked())
 }
 
 // pushback is the claim loop's backoff after the broker nacked publishes: a

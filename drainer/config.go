@@ -7,6 +7,7 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
@@ -15,28 +16,12 @@ import (
 // message of a full pipeline.
 const worstCasePublish = 100 * time.Millisecond
 
-// BrokerConfig says where and how rows are published.
-type BrokerConfig struct {
-	secret.URLSource
-	Exchange string
-	// Mandatory is off by default: on a fan-out topic exchange "no queue bound
-	// yet" is normal, and with mandatory on it would poison those events.
-	Mandatory bool
-	// DeclareExchange declares a durable exchange of ExchangeType on connect,
-	// for setups where nothing else owns the topology.
-	DeclareExchange bool
-	ExchangeType    string
-	// MessageProperties is full (or unset) or compact: whether each message
-	// also carries a timestamp, type and app_id.
-	MessageProperties MessageProperties
-}
-
 // Config is one drainer's configuration. Durations are Go durations.
 type Config struct {
 	DrainerID string
 	Database  secret.URLSource
 	Table     outbox.TableSpec
-	Broker    BrokerConfig
+	Broker    rabbitmq.Config
 
 	BatchSize     int
 	PipelineDepth int
@@ -57,8 +42,6 @@ type Config struct {
 	// MaxPipelineBytes bounds the payload bytes published and awaiting
 	// their confirm; a larger message is published alone.
 	MaxPipelineBytes int64
-	// ContentType overrides the one derived from the payload column's type.
-	ContentType string
 	// SynchronousCommit off keeps the application's commits from queueing
 	// behind the drainer's WAL flushes; a claim or mark lost in a database
 	// crash only causes a duplicate, never a loss.
@@ -108,7 +91,7 @@ func (r Retention) deletesPublished() bool { return r.Published != nil && *r.Pub
 func DefaultConfig() Config {
 	return Config{
 		Table:  outbox.TableSpec{Name: outbox.DefaultTableName},
-		Broker: BrokerConfig{ExchangeType: "topic", MessageProperties: FullProperties},
+		Broker: rabbitmq.DefaultConfig(),
 		// Measured in make bench: batches of 500 halve the statements per
 		// event against 100 and cost Postgres a fifth less per event; 256
 		// confirms in flight drain as fast as the best tuned run, where 100
@@ -181,30 +164,8 @@ func (c Config) Validate() error {
 		errs = append(errs, field.Required(field.NewPath("drainerID"), "set --drainer-id or POD_NAME"))
 	}
 	errs = append(errs, c.Database.Validate(field.NewPath("database"), "the outbox database's connection URL")...)
-	errs = append(errs, c.Broker.Validate(field.NewPath("broker"), "the AMQP URL of the broker")...)
+	errs = append(errs, c.Broker.Validate(field.NewPath("broker"))...)
 	errs = append(errs, c.Table.Validate(field.NewPath("database"))...)
-	if c.Broker.Exchange == "" && !c.Broker.Mandatory {
-		errs = append(errs, field.Invalid(field.NewPath("broker", "exchange"), c.Broker.Exchange,
-			"set an exchange (--exchange), or broker.mandatory (--mandatory) to publish to the default exchange: "+
-				"there a row whose routing key names no queue is dropped by the broker, and would be marked published"))
-	}
-	if len(c.Broker.Exchange) > maxShortString {
-		errs = append(errs, field.TooLong(field.NewPath("broker", "exchange"), c.Broker.Exchange, maxShortString))
-	}
-	if len(c.ContentType) > maxShortString {
-		errs = append(errs, field.TooLong(field.NewPath("contentType"), c.ContentType, maxShortString))
-	}
-	switch c.Broker.ExchangeType {
-	case "direct", "fanout", "topic", "headers":
-	default:
-		errs = append(errs, field.NotSupported(field.NewPath("broker", "exchangeType"), c.Broker.ExchangeType, []string{"direct", "fanout", "topic", "headers"}))
-	}
-	switch c.Broker.MessageProperties {
-	case "", FullProperties, CompactProperties: // unset is full
-	default:
-		errs = append(errs, field.NotSupported(field.NewPath("broker", "messageProperties"), c.Broker.MessageProperties,
-			[]MessageProperties{FullProperties, CompactProperties}))
-	}
 	if c.BatchSize <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("batchSize"), c.BatchSize, "must be greater than 0"))
 	}

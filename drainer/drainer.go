@@ -12,6 +12,8 @@ import (
 	"github.com/cenkalti/backoff/v5"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/spillway-io/spillway/drainer/rabbitmq"
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
@@ -68,11 +70,12 @@ type Drainer struct {
 	store   *outbox.Store
 	metrics *Metrics
 	log     *slog.Logger
-	message messageShape
-	// broker is owned by the goroutine running the claim loop; current is
-	// the same channel, for the readiness probe.
-	broker  *brokerChannel
-	current atomic.Pointer[brokerChannel]
+	// dialer opens the sink's connections; broker is the open one, owned by
+	// the goroutine running the claim loop, and current the same, for the
+	// readiness probe.
+	dialer  sink.Dialer
+	broker  sink.Sink
+	current atomic.Pointer[openSink]
 	// wake cuts an idle wait short: new rows were notified, or the broker's
 	// state changed.
 	wake chan struct{}
@@ -106,16 +109,13 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 		return nil, field.Invalid(field.NewPath("retention", "unpublishedMaxAge"), cfg.Retention.UnpublishedMaxAge.String(),
 			"needs an enqueuedAt column to age rows by, and "+store.Table().Name()+" has none")
 	}
-	contentType := cfg.ContentType
-	if contentType == "" {
-		contentType = contentTypeFor(store.Table().PayloadType())
-	}
 	d := &Drainer{
-		cfg:      cfg,
-		store:    store,
-		metrics:  metrics,
-		log:      log.With("table", store.Table().Name()),
-		message:  messageShape{contentType: contentType, properties: cfg.Broker.MessageProperties},
+		cfg:     cfg,
+		store:   store,
+		metrics: metrics,
+		log:     log.With("table", store.Table().Name()),
+		dialer: rabbitmq.NewDialer(cfg.Broker, cfg.DrainerID, cfg.PipelineDepth, cfg.MaxPayloadBytes, store.Table().PayloadType(),
+			log.With("table", store.Table().Name())),
 		wake:     make(chan struct{}, 1),
 		liveness: liveness{lease: cfg.LeaseTTL},
 		pushback: pushback{backoff: newRetryBackoff()},
@@ -133,6 +133,9 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 	d.liveness.beat(0)
 	return d, nil
 }
+
+// openSink holds the open sink, for the readiness probe.
+type openSink struct{ sink.Sink }
 
 // poke wakes the claim loop if it is idle, or makes its next idle wait short.
 func (d *Drainer) poke() {
@@ -215,7 +218,7 @@ func (d *Drainer) Run(ctx context.Context) error {
 	stopBackground()
 	background.Wait()
 	if d.broker != nil {
-		d.broker.close()
+		d.broker.Close()
 	}
 	d.log.Info("Drainer stopped")
 	return nil
@@ -374,9 +377,9 @@ func (d *Drainer) prune(ctx context.Context, kind string, stmt outbox.Statement)
 // not keep refusing the claims or the settles.
 func (d *Drainer) Ready(ctx context.Context) error {
 	switch b := d.current.Load(); {
-	case b == nil || !b.healthy():
+	case b == nil || !b.Healthy():
 		return errors.New("broker not connected")
-	case b.blocked():
+	case b.Blocked():
 		return errors.New("broker is blocking publishes (resource alarm)")
 	}
 	if err := d.refusals.cause(); err != nil {

@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
@@ -115,7 +116,7 @@ var _ = Describe("Draining", Label("integration"), func() {
 		topo := topology("order.*", nil)
 		db.Exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, headers) VALUES ('order.created', '{"order": 7}', '{"tenant": "acme"}')`)
 		cfg := testConfig("drainer-a", spec, topo.Exchange)
-		cfg.Broker.MessageProperties = CompactProperties
+		cfg.Broker.MessageProperties = rabbitmq.CompactProperties
 		startDrainer(ctx, cfg)
 
 		msgs, err := testenv.Consume(amqpChannel(), topo.Queue, 1, 10*time.Second)

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/spillway-io/spillway/drainer/sink"
 )
 
 // inflight is one row on its way from publish to settle. Rows leave the
@@ -14,9 +14,9 @@ type inflight struct {
 	batch   *batch
 	index   int
 	outcome outcome
-	// confirm is nil when the outcome was known without publishing.
-	confirm     *amqp.DeferredConfirmation
-	broker      *brokerChannel
+	// delivery is nil when the outcome was known without publishing.
+	delivery    sink.Delivery
+	sink        sink.Sink
 	publishedAt time.Time
 	// size is the message's payload bytes, counted against the pipeline's
 	// byte budget until its confirm.
@@ -79,7 +79,7 @@ type pipeline struct {
 // add puts a row's entry at the back of the window.
 func (p *pipeline) add(e inflight) {
 	p.inflight.push(e)
-	if e.confirm != nil {
+	if e.delivery != nil {
 		p.confirms++
 		p.bytes += e.size
 		p.d.metrics.InFlight.Set(float64(p.confirms))
@@ -89,7 +89,7 @@ func (p *pipeline) add(e inflight) {
 
 // passKnown passes on the entries at the front whose outcome needs no confirm.
 func (p *pipeline) passKnown() {
-	for p.inflight.len() > 0 && p.inflight.oldest().confirm == nil {
+	for p.inflight.len() > 0 && p.inflight.oldest().delivery == nil {
 		p.pass(p.inflight.pop())
 	}
 }
@@ -111,7 +111,7 @@ func (p *pipeline) pass(e inflight) {
 func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
 	if p.inflight.len() == 0 {
 		if b := p.d.broker; b != nil {
-			b.flush() // nothing is held while the claim loop waits
+			b.Flush() // nothing is held while the claim loop waits
 		}
 		<-wake
 		return false
@@ -119,15 +119,15 @@ func (p *pipeline) waitOldest(wake <-chan struct{}) bool {
 	oldest := p.inflight.oldest()
 	timedOut := releaseConfirmTimeout
 	select {
-	case <-oldest.confirm.Done():
+	case <-oldest.delivery.Done():
 	default:
 		// What the publishes left in the cork must leave before anything
 		// waits for a confirm.
-		oldest.broker.flush()
+		oldest.sink.Flush()
 		deadline := time.NewTimer(time.Until(oldest.publishedAt.Add(p.d.cfg.confirmTimeout())))
 		defer deadline.Stop()
 		select {
-		case <-oldest.confirm.Done():
+		case <-oldest.delivery.Done():
 		case <-deadline.C:
 		case <-p.hardStop:
 			timedOut = releaseShutdown

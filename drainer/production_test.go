@@ -457,7 +457,7 @@ var _ = Describe("Readiness", Label("integration"), func() {
 		Expect(d.Ready(ctx)).To(MatchError("broker not connected"))
 		d.start()
 		Eventually(func() error { return d.Ready(ctx) }, drainTimeout).Should(Succeed())
-		d.current.Load().close()
+		d.current.Load().Close()
 		Expect(d.Ready(ctx)).To(MatchError("broker not connected"))
 		Eventually(func() error { return d.Ready(ctx) }, drainTimeout).Should(Succeed(), "reconnected")
 	})

@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/outbox"
 )
 
@@ -25,11 +24,11 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claim) *bat
 		if rest == nil && ctx.Err() != nil {
 			rest = &outcome{kind: released, reason: releaseShutdown}
 		}
-		if rest == nil && d.broker.blocked() {
+		if rest == nil && d.broker.Blocked() {
 			// Publishes would pile up unread in the socket.
 			rest = &outcome{kind: released, reason: releaseBrokerBlocked}
 		}
-		if rest == nil && !d.broker.healthy() {
+		if rest == nil && !d.broker.Healthy() {
 			// The channel closed under the batch (a lost confirm drained
 			// while making room): the rest waits for the next connection.
 			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
@@ -39,17 +38,17 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claim) *bat
 			p.add(e)
 			continue
 		}
-		key, msg, fault := buildMessage(*row, d.message, d.broker.limits)
+		msg, fault := d.broker.Prepare(*row)
 		// The message holds the payload until it is written; the batch
 		// keeps only what phase 3 needs, so memory follows the rows not yet
 		// published, not the rows not yet settled.
 		row.Payload, row.Headers = nil, nil
 		if fault != nil {
-			e.outcome = outcome{kind: failed, reason: fault.reason, detail: fault.detail}
+			e.outcome = outcome{kind: failed, reason: fault.Reason, detail: fault.Detail}
 			p.add(e)
 			continue
 		}
-		e.size = int64(len(msg.Body))
+		e.size = msg.Size()
 		// A row that was in flight when the connection failed is published
 		// alone, with nothing else in flight, until it is confirmed: should
 		// the connection fail again, the failure is the row's.
@@ -59,7 +58,7 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claim) *bat
 			p.makeRoom(d.cfg.PipelineDepth, d.cfg.MaxPipelineBytes, e.size)
 		}
 		// The confirms resolved while waiting may have closed the channel.
-		if !d.broker.healthy() {
+		if !d.broker.Healthy() {
 			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
 			e.outcome = *rest
 			p.add(e)
@@ -69,20 +68,17 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claim) *bat
 		// The publish itself must not be cut by shutdown: a half-written
 		// frame would close the channel under the in-flight confirms. The
 		// hard stop cuts the socket instead.
-		dc, err := d.broker.publish(context.WithoutCancel(ctx), key, msg)
-		var netErr net.Error
+		delivery, err := d.broker.Publish(context.WithoutCancel(ctx), msg)
 		switch {
 		case err == nil:
-			e.confirm, e.broker = dc, d.broker
-		case errors.Is(err, amqp.ErrClosed) || errors.As(err, &netErr):
-			// Closed under it, or the socket failed (the network, or the
-			// hard stop cutting it): not the row's doing.
+			e.delivery, e.sink = delivery, d.broker
+		case errors.Is(err, sink.ErrDown):
 			d.log.Error("Publish failed; releasing the rest of the batch", "error", err)
 			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
 			e.outcome = *rest
 		default:
-			// amqp091 could not encode what the row holds, and closed the
-			// connection: the failure is this row's.
+			// What the row holds closed the connection: the failure is
+			// this row's.
 			d.log.Error("Publish failed; releasing the rest of the batch", "error", err)
 			rest = &outcome{kind: released, reason: releaseBrokerUnavailable}
 			e.alone = true
@@ -94,50 +90,33 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claim) *bat
 		}
 	}
 	if d.broker != nil {
-		d.broker.flush()
+		d.broker.Flush()
 	}
 	return bt
 }
 
-// classify turns a publish whose confirm arrived, or whose deadline passed,
+// classify turns a publish whose outcome arrived, or whose deadline passed,
 // into its outcome; timedOut is the release reason for the latter.
 func (d *Drainer) classify(e inflight, timedOut string) outcome {
-	id := e.batch.claim.Rows[e.index].ID
 	select {
-	case <-e.confirm.Done():
+	case <-e.delivery.Done():
 	default:
-		// Forgotten, so that a return arriving late is not read as the
-		// return of a later publish of the same row.
-		e.broker.takeReturn(id)
-		// A channel that stalls past the deadline is not trusted again, and
-		// the claim loop reconnects; unless the broker blocked it, which
-		// explains the stall, and a new connection would only block again:
-		// then it is replaced once the broker unblocks.
-		if timedOut == releaseConfirmTimeout {
-			if e.broker.blocked() {
-				e.broker.stale.Store(true)
-			} else {
-				e.broker.close()
-			}
-		}
+		e.delivery.GiveUp(timedOut == releaseConfirmTimeout)
 		return outcome{kind: released, reason: timedOut}
 	}
-	ret, returned := e.broker.takeReturn(id)
-	if !e.confirm.Acked() {
-		if e.broker.ch.IsClosed() {
-			// amqp091 resolves pending confirms as nacks when the channel
-			// closes: that is a lost confirm, not the broker's refusal.
-			return d.connectionFailure(e, e.broker.failureReason(), releaseConfirmLost)
-		}
+	o := e.delivery.Outcome()
+	switch o.Kind {
+	case sink.Lost:
+		return d.connectionFailure(e, o.Detail, releaseConfirmLost)
+	case sink.PushedBack:
 		d.pushback.nacked()
 		return outcome{kind: released, reason: releaseNack}
 	}
 	d.pushback.acked()
-	d.strikes.clear(id)
+	d.strikes.clear(e.batch.claim.Rows[e.index].ID)
 	d.metrics.ConfirmLatency.Observe(time.Since(e.publishedAt).Seconds())
-	if returned {
-		return outcome{kind: failed, reason: reasonReturned,
-			detail: fmt.Sprintf("broker returned the message: %d %s (exchange %q, routing key %q)", ret.ReplyCode, ret.ReplyText, ret.Exchange, ret.RoutingKey)}
+	if o.Kind == sink.Refused {
+		return outcome{kind: failed, reason: o.Reason, detail: o.Detail}
 	}
 	return outcome{kind: published}
 }
@@ -157,6 +136,10 @@ func (d *Drainer) connectionFailure(e inflight, cause, reason string) outcome {
 	}
 	return outcome{kind: released, reason: reason}
 }
+
+// reasonConnectionFailures is the failure reason, a metric label, of a row
+// in flight, alone, through strikesToFail consecutive connection failures.
+const reasonConnectionFailures = "connection_failures"
 
 // strikesToFail is how many consecutive broker connection failures a row may
 // be in flight through, alone, before an attempt is counted against it. A row

@@ -3,6 +3,7 @@ package drainer
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -10,7 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -29,43 +30,23 @@ func publishedOnce(ctx context.Context, table, queue string) {
 }
 
 var _ = Describe("Classifying a confirm", Label("integration"), func() {
-	It("returns for a confirm that arrived before its channel closed, instead of spinning on the closed return channel", func(ctx SpecContext) {
-		spec := db.CanonicalOutbox(ctx)
-		topo := topology("#", nil)
-		d := newDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
-		b, err := dialBroker(ctx, d.cfg.Broker, "drainer-a", 8, d.cfg.MaxPayloadBytes, d.log, func() {})
-		Expect(err).NotTo(HaveOccurred())
-		DeferCleanup(b.close)
-		dc, err := b.publish(ctx, "order.created", amqp.Publishing{MessageId: "row-1", Body: []byte("{}")})
-		Expect(err).NotTo(HaveOccurred())
-		b.flush()
-		Eventually(dc.Done()).Should(BeClosed())
-		Expect(b.ch.Close()).To(Succeed())
-
-		e := inflight{batch: &batch{claim: outbox.Claim{Rows: []outbox.Row{{ID: "row-1"}}}, outcomes: make([]outcome, 1)}, confirm: dc, broker: b, publishedAt: time.Now()}
-		classified := make(chan outcome, 1)
-		go func() { classified <- d.classify(e, releaseConfirmTimeout) }()
-		var got outcome
-		Eventually(classified, 5*time.Second).Should(Receive(&got))
-		Expect(got.kind).To(Equal(published), "the broker acked it before the channel closed")
-	})
 
 	It("keeps draining when its broker connection is closed under it again and again mid-drain", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
 		db.Seed(ctx, spec.Name, 20_000)
 		d := startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
-		var closed *brokerChannel
+		var closed *openSink
 		for range 5 {
 			// Settles of rows confirmed on the closed channel also count,
 			// so the new channel is waited for itself.
-			var ch *brokerChannel
-			Eventually(func() *brokerChannel { ch = d.current.Load(); return ch }, drainTimeout, 5*time.Millisecond).
+			var ch *openSink
+			Eventually(func() *openSink { ch = d.current.Load(); return ch }, drainTimeout, 5*time.Millisecond).
 				ShouldNot(Or(BeNil(), BeIdenticalTo(closed)), "a new connection")
 			before := db.Count(ctx, spec.Name, "published_at IS NOT NULL")
 			Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout, 5*time.Millisecond).
 				Should(BeNumerically(">=", before+500), "publishing on the new connection")
-			ch.close()
+			ch.Close()
 			closed = ch
 		}
 		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout, 100*time.Millisecond).Should(BeZero())
@@ -77,13 +58,16 @@ var _ = Describe("A channel that gave up a confirm while the broker blocked it",
 	It("is replaced once the broker no longer blocks it, before anything else is published on it", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
-		d := startDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+		d := newDrainer(ctx, testConfig("drainer-a", spec, topo.Exchange))
+		dialer := &stalingDialer{Dialer: d.dialer}
+		d.dialer = dialer
+		d.start()
 		Eventually(d.current.Load).ShouldNot(BeNil())
 		stale := d.current.Load()
-		stale.stale.Store(true) // as classify leaves it
+		dialer.last.stale.Store(true) // as a delivery given up while blocked leaves it
 		d.poke()
 		Eventually(d.current.Load, drainTimeout).ShouldNot(BeIdenticalTo(stale))
-		Expect(stale.healthy()).To(BeFalse(), "the stale channel is closed")
+		Expect(stale.Healthy()).To(BeFalse(), "the stale channel is closed")
 		db.Seed(ctx, spec.Name, 10)
 		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }, drainTimeout).Should(Equal(10))
 	})
@@ -154,6 +138,30 @@ var _ = Describe("A broker that nacks", Label("integration"), func() {
 		Expect(testutil.ToFloat64(d.metrics.Released.WithLabelValues("nack"))).To(BeNumerically(">", 0), "nacks are counted")
 	})
 })
+
+// stalingDialer dials the real broker, and lets a spec make its last
+// connection stale, as a delivery given up while the broker blocked it
+// leaves one.
+type stalingDialer struct {
+	sink.Dialer
+	last *stalingSink
+}
+
+type stalingSink struct {
+	sink.Sink
+	stale atomic.Bool
+}
+
+func (s *stalingSink) Stale() bool { return s.stale.Load() || s.Sink.Stale() }
+
+func (d *stalingDialer) Dial(hardStop context.Context, changed func()) (sink.Sink, error) {
+	s, err := d.Dialer.Dial(hardStop, changed)
+	if err != nil {
+		return nil, err
+	}
+	d.last = &stalingSink{Sink: s}
+	return d.last, nil
+}
 
 // lastErrorOf is the last_error of the only pending row of table.
 func lastErrorOf(ctx context.Context, table string) string {

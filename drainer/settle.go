@@ -12,6 +12,9 @@ import (
 
 // Phase 3: settling each batch's outcomes in the table.
 
+// maxLastErrorLength is how much of a failure's detail last_error keeps.
+const maxLastErrorLength = 1000
+
 // maxSettleGroup bounds how many completed batches one settle takes.
 const maxSettleGroup = 16
 

@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
-	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/outbox"
 )
 
@@ -67,11 +67,11 @@ func TableSpec(db v1alpha1.DatabaseSpec, ordering *v1alpha1.Ordering) (outbox.Ta
 
 // messageProperties is the drainer's name for the spec's choice; unset is
 // the CRD's default.
-func messageProperties(b v1alpha1.BrokerSpec) drainer.MessageProperties {
+func messageProperties(b v1alpha1.BrokerSpec) rabbitmq.MessageProperties {
 	if b.MessageProperties == "" {
-		return drainer.FullProperties
+		return rabbitmq.FullProperties
 	}
-	return drainer.MessageProperties(strings.ToLower(b.MessageProperties))
+	return rabbitmq.MessageProperties(strings.ToLower(b.MessageProperties))
 }
 
 // DrainArgs are the arguments of `spillway drain` for a spec: every setting

@@ -27,6 +27,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
@@ -167,7 +168,7 @@ func (b *bench) throughput(ctx context.Context) []string {
 	// The broker, Postgres and the drainers share two cores here, and each
 	// run leaves background work (queue index clean-up, WAL writing) behind:
 	// rounds interleave the scenarios and their medians are compared.
-	compactProperties := func(c *drainer.Config) { c.Broker.MessageProperties = drainer.CompactProperties }
+	compactProperties := func(c *drainer.Config) { c.Broker.MessageProperties = rabbitmq.CompactProperties }
 	var ceiling, properties, one, compact, deleting, two, best, naive, serial, synchronous scenario
 	for round := range *rounds {
 		log.Printf("round %d of %d: ceiling, ceiling with the drainer's properties, 1 drainer, 1 with compact properties, 1 deleting published rows, 2 drainers, tuned, naive",

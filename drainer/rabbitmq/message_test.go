@@ -1,4 +1,4 @@
-package drainer
+package rabbitmq
 
 import (
 	"strings"
@@ -9,13 +9,12 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/spillway-io/spillway/outbox"
-	"github.com/spillway-io/spillway/secret"
 )
 
 var _ = Describe("Building a message from a row", func() {
 	key := "order.created"
 	limits := messageLimits{maxPayloadBytes: 1024, frameMax: 131072}
-	full := messageShape{contentType: contentTypeJSON, properties: FullProperties}
+	full := messageShape{contentType: "application/json", properties: FullProperties}
 	row := func() outbox.Row {
 		return outbox.Row{ID: "42", Payload: []byte(`{"n":1}`), Size: 7, RoutingKey: &key,
 			Headers:    []byte(`{"tenant":"acme","version":3,"ratio":0.5,"tags":["a"],"trace":{"id":"t1"}}`),
@@ -41,7 +40,7 @@ var _ = Describe("Building a message from a row", func() {
 	It("with compact properties, carries no timestamp, type or app_id, and a uuid row's properties fit RabbitMQ's 64 bytes", func() {
 		r := row()
 		r.ID, r.Headers = "0b6f1c9e-5d0a-4c4e-9a57-3f2d8e1b7c60", nil
-		_, msg, fault := buildMessage(r, messageShape{contentType: contentTypeJSON, properties: CompactProperties}, limits)
+		_, msg, fault := buildMessage(r, messageShape{contentType: "application/json", properties: CompactProperties}, limits)
 		Expect(fault).To(BeNil())
 		Expect(msg.MessageId).To(Equal(r.ID))
 		Expect(msg.DeliveryMode).To(Equal(amqp.Persistent))
@@ -60,23 +59,23 @@ var _ = Describe("Building a message from a row", func() {
 		r.Headers = []byte(`[1,2]`)
 		_, _, fault := buildMessage(r, full, limits)
 		Expect(fault).NotTo(BeNil())
-		Expect(fault.reason).To(Equal(reasonBadHeaders))
-		Expect(fault.detail).To(ContainSubstring("must be a JSON object"))
+		Expect(fault.Reason).To(Equal(reasonBadHeaders))
+		Expect(fault.Detail).To(ContainSubstring("must be a JSON object"))
 	})
 
 	It("rejects a payload the claim left out for its size, saying the size and the limit", func() {
 		r := row()
 		r.Payload, r.Size = nil, 5000
 		_, _, fault := buildMessage(r, full, limits)
-		Expect(fault.reason).To(Equal(reasonOversized))
-		Expect(fault.detail).To(Equal("payload is 5000 bytes, over the 1024-byte limit (maxPayloadBytes)"))
+		Expect(fault.Reason).To(Equal(reasonOversized))
+		Expect(fault.Detail).To(Equal("payload is 5000 bytes, over the 1024-byte limit (maxPayloadBytes)"))
 	})
 
 	It("rejects a NULL routing key", func() {
 		r := row()
 		r.RoutingKey = nil
 		_, _, fault := buildMessage(r, full, limits)
-		Expect(fault.reason).To(Equal(reasonNoRoutingKey))
+		Expect(fault.Reason).To(Equal(reasonNoRoutingKey))
 	})
 
 	DescribeTable("rejects, as the row's fault, what would make amqp091 or the broker close the connection",
@@ -85,8 +84,8 @@ var _ = Describe("Building a message from a row", func() {
 			mutate(&r)
 			_, _, fault := buildMessage(r, full, limits)
 			Expect(fault).NotTo(BeNil())
-			Expect(fault.reason).To(Equal(reason))
-			Expect(fault.detail).To(ContainSubstring(detail))
+			Expect(fault.Reason).To(Equal(reason))
+			Expect(fault.Detail).To(ContainSubstring(detail))
 		},
 		Entry("a routing key over 255 bytes", func(r *outbox.Row) { k := strings.Repeat("a", 256); r.RoutingKey = &k },
 			reasonTooLong, "routing key is 256 bytes, over the AMQP limit of 255"),
@@ -116,15 +115,6 @@ var _ = Describe("Building a message from a row", func() {
 		Expect(msg.Headers).To(BeNil())
 	})
 
-	It("derives the content type from the payload column's type", func() {
-		Expect(contentTypeFor("jsonb")).To(Equal("application/json"))
-		Expect(contentTypeFor("bytea")).To(Equal("application/octet-stream"))
-		Expect(contentTypeFor("text")).To(HavePrefix("text/plain"))
-	})
-
-	It("keeps last_error short", func() {
-		Expect(len(secret.Truncate(strings.Repeat("x", 5000), maxLastErrorLength))).To(BeNumerically("<=", maxLastErrorLength+3))
-	})
 })
 
 // encodedProperties is the size of msg's properties as AMQP 0-9-1 encodes

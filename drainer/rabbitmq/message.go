@@ -1,4 +1,4 @@
-package drainer
+package rabbitmq
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
@@ -18,13 +19,6 @@ const (
 	reasonBadHeaders   = "bad_headers"
 	reasonNoRoutingKey = "no_routing_key"
 	reasonTooLong      = "too_long"
-	// reasonConnectionFailures: the row was in flight through
-	// strikesToFail consecutive broker connection failures.
-	reasonConnectionFailures = "connection_failures"
-	maxLastErrorLength       = 1000
-	contentTypeJSON          = "application/json"
-	contentTypeBinary        = "application/octet-stream"
-	contentTypePlain         = "text/plain; charset=utf-8"
 	// appID is a full message's app_id, so consumers can tell who sent it.
 	appID = "spillway"
 	// maxShortString is AMQP's limit on a short string: routing keys,
@@ -43,27 +37,6 @@ type messageLimits struct {
 	// frameMax is the connection's negotiated frame size: the headers and
 	// properties travel in one frame, which must fit.
 	frameMax int
-}
-
-// rowFault is why a row cannot be published. It is the row's own fault, so
-// it counts an attempt, and enough of them poison the row.
-type rowFault struct {
-	reason string // metric label
-	detail string // stored in last_error
-}
-
-func (f *rowFault) Error() string { return f.detail }
-
-// contentTypeFor derives a message's content type from the payload column.
-func contentTypeFor(payloadType string) string {
-	switch payloadType {
-	case "jsonb", "json":
-		return contentTypeJSON
-	case "text":
-		return contentTypePlain
-	default:
-		return contentTypeBinary
-	}
 }
 
 // MessageProperties is which AMQP properties a message carries beside its
@@ -91,32 +64,28 @@ type messageShape struct {
 
 // buildMessage turns a claimed row into its routing key and message, or says
 // why the row cannot be published.
-func buildMessage(row outbox.Row, shape messageShape, limits messageLimits) (string, amqp.Publishing, *rowFault) {
+func buildMessage(row outbox.Row, shape messageShape, limits messageLimits) (string, amqp.Publishing, *sink.RowFault) {
 	if row.Payload == nil {
-		return "", amqp.Publishing{}, &rowFault{reasonOversized,
-			fmt.Sprintf("payload is %d bytes, over the %d-byte limit (maxPayloadBytes)", row.Size, limits.maxPayloadBytes)}
+		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonOversized, Detail: fmt.Sprintf("payload is %d bytes, over the %d-byte limit (maxPayloadBytes)", row.Size, limits.maxPayloadBytes)}
 	}
 	if row.RoutingKey == nil {
-		return "", amqp.Publishing{}, &rowFault{reasonNoRoutingKey, "routing key is NULL"}
+		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonNoRoutingKey, Detail: "routing key is NULL"}
 	}
 	key := *row.RoutingKey
 	if len(key) > maxShortString {
-		return "", amqp.Publishing{}, &rowFault{reasonTooLong,
-			fmt.Sprintf("routing key is %d bytes, over the AMQP limit of %d: %s", len(key), maxShortString, secret.Truncate(key, 80))}
+		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonTooLong, Detail: fmt.Sprintf("routing key is %d bytes, over the AMQP limit of %d: %s", len(key), maxShortString, secret.Truncate(key, 80))}
 	}
 	if len(row.ID) > maxShortString {
-		return "", amqp.Publishing{}, &rowFault{reasonTooLong,
-			fmt.Sprintf("id is %d bytes as text, over the AMQP limit of %d for message_id", len(row.ID), maxShortString)}
+		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonTooLong, Detail: fmt.Sprintf("id is %d bytes as text, over the AMQP limit of %d for message_id", len(row.ID), maxShortString)}
 	}
 	headers, err := amqpHeaders(row.Headers)
 	if err != nil {
-		return "", amqp.Publishing{}, &rowFault{reasonBadHeaders, "headers: " + err.Error()}
+		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonBadHeaders, Detail: "headers: " + err.Error()}
 	}
 	// The properties travel in one header frame: its size is the headers'
 	// encoded size, at most four short strings and a few fixed fields.
 	if size := tableSize(headers) + 4*(1+maxShortString) + 64; limits.frameMax > 0 && size > limits.frameMax {
-		return "", amqp.Publishing{}, &rowFault{reasonBadHeaders,
-			fmt.Sprintf("headers take %d bytes encoded, over the broker's frame size of %d", tableSize(headers), limits.frameMax)}
+		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonBadHeaders, Detail: fmt.Sprintf("headers take %d bytes encoded, over the broker's frame size of %d", tableSize(headers), limits.frameMax)}
 	}
 	msg := amqp.Publishing{
 		Headers:      headers,

@@ -1,4 +1,4 @@
-package drainer
+package rabbitmq
 
 import (
 	"context"
@@ -11,6 +11,8 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/drainer/sink"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -22,15 +24,17 @@ const (
 	closeTimeout = time.Second
 )
 
-// brokerChannel is one AMQP connection with a confirming channel. The claim
-// loop publishes on it and resolves its confirms, so only that goroutine
-// touches the return bookkeeping.
-type brokerChannel struct {
+// channel is one AMQP connection with a confirming channel: a sink.Sink.
+// The claim loop publishes on it and resolves its confirms, so only that
+// goroutine touches the return bookkeeping.
+type channel struct {
 	conn     *amqp.Connection
 	ch       *amqp.Channel
 	exchange string
 	// mandatory asks the broker to return unroutable messages.
 	mandatory bool
+	// shape is what every message carries besides its row.
+	shape messageShape
 	// limits are what a row is checked against before it is published.
 	limits messageLimits
 	// returns is buffered past the pipeline depth: amqp091 delivers a return
@@ -63,8 +67,8 @@ type brokerChannel struct {
 // Once hardStop ends, every read and write of the connection's socket fails
 // at once, so nothing on it, not even a write blocked on a full socket,
 // outlives the shutdown.
-func dialBroker(hardStop context.Context, cfg BrokerConfig, drainerID string, depth int, maxPayloadBytes int64,
-	log *slog.Logger, changed func()) (*brokerChannel, error) {
+func dial(hardStop context.Context, cfg Config, drainerID string, depth int, shape messageShape, limits messageLimits,
+	log *slog.Logger, changed func()) (*channel, error) {
 	url, err := cfg.Read()
 	if err != nil {
 		return nil, err
@@ -93,18 +97,20 @@ func dialBroker(hardStop context.Context, cfg BrokerConfig, drainerID string, de
 		}
 		return nil, fmt.Errorf("connect to broker %s: %w", secret.RedactURL(url), secret.RedactError(err, url))
 	}
-	b := &brokerChannel{
+	limits.frameMax = conn.Config.FrameSize
+	b := &channel{
 		conn:      conn,
 		exchange:  cfg.Exchange,
 		mandatory: cfg.Mandatory,
-		limits:    messageLimits{maxPayloadBytes: maxPayloadBytes, frameMax: conn.Config.FrameSize},
+		shape:     shape,
+		limits:    limits,
 		returns:   make(chan amqp.Return, depth+1),
 		returned:  map[string]amqp.Return{},
 		unhook:    unhook,
 		socket:    socket,
 	}
 	if err := b.open(cfg); err != nil {
-		b.close()
+		b.Close()
 		return nil, err
 	}
 	go b.watch(log, changed)
@@ -114,7 +120,7 @@ func dialBroker(hardStop context.Context, cfg BrokerConfig, drainerID string, de
 // watch follows the connection's blocked and closed notifications until it
 // closes, so the claim loop stops claiming at once instead of at its next
 // publish.
-func (b *brokerChannel) watch(log *slog.Logger, changed func()) {
+func (b *channel) watch(log *slog.Logger, changed func()) {
 	blocked := b.conn.NotifyBlocked(make(chan amqp.Blocking, 2))
 	connClosed := b.conn.NotifyClose(make(chan *amqp.Error, 1))
 	chClosed := b.ch.NotifyClose(make(chan *amqp.Error, 1))
@@ -150,7 +156,7 @@ func (b *brokerChannel) watch(log *slog.Logger, changed func()) {
 	}
 }
 
-func (b *brokerChannel) open(cfg BrokerConfig) error {
+func (b *channel) open(cfg Config) error {
 	var err error
 	if b.ch, err = b.conn.Channel(); err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -181,24 +187,51 @@ func (b *brokerChannel) open(cfg BrokerConfig) error {
 	return nil
 }
 
-// blocked reports whether the broker is blocking this connection's publishes.
-func (b *brokerChannel) blocked() bool { return b.isBlocked.Load() }
+// Blocked reports whether the broker is blocking this connection's publishes.
+func (b *channel) Blocked() bool { return b.isBlocked.Load() }
 
-// healthy is false once the connection or the channel has closed.
-func (b *brokerChannel) healthy() bool {
+// Healthy is false once the connection or the channel has closed.
+func (b *channel) Healthy() bool {
 	return !b.conn.IsClosed() && b.ch != nil && !b.ch.IsClosed()
 }
 
-// publish publishes msg, held in the socket's cork with the publishes
-// before it until flush.
-func (b *brokerChannel) publish(ctx context.Context, routingKey string, msg amqp.Publishing) (*amqp.DeferredConfirmation, error) {
-	b.socket.cork()
-	return b.ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, routingKey, b.mandatory, false, msg)
+// Stale reports whether a confirm was given up while the broker blocked
+// the connection.
+func (b *channel) Stale() bool { return b.stale.Load() }
+
+// Prepare builds the row's message, or says why the row cannot be sent.
+func (b *channel) Prepare(row outbox.Row) (sink.Message, *sink.RowFault) {
+	key, msg, fault := buildMessage(row, b.shape, b.limits)
+	if fault != nil {
+		return nil, fault
+	}
+	return message{routingKey: key, Publishing: msg}, nil
 }
 
-// flush sends the publishes held since the last flush. A failed write
+// Publish publishes m, held in the socket's cork with the publishes before
+// it until Flush.
+func (b *channel) Publish(ctx context.Context, m sink.Message) (sink.Delivery, error) {
+	msg := m.(message)
+	b.socket.cork()
+	dc, err := b.ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, msg.routingKey, b.mandatory, false, msg.Publishing)
+	var netErr net.Error
+	switch {
+	case err == nil:
+		return &delivery{confirm: dc, channel: b, id: msg.MessageId}, nil
+	case errors.Is(err, amqp.ErrClosed) || errors.As(err, &netErr):
+		// Closed under it, or the socket failed (the network, or the
+		// hard stop cutting it): not the row's doing.
+		return nil, fmt.Errorf("%w: %w", sink.ErrDown, err)
+	default:
+		// amqp091 could not encode what the row holds, and closed the
+		// connection: the failure is this row's.
+		return nil, err
+	}
+}
+
+// Flush sends the publishes held since the last flush. A failed write
 // closes the socket, and the confirms of what it held resolve as lost.
-func (b *brokerChannel) flush() {
+func (b *channel) Flush() {
 	_ = b.socket.flush()
 }
 
@@ -206,7 +239,7 @@ func (b *brokerChannel) flush() {
 // its return: it is called for every publish whose confirm is resolved,
 // whatever the outcome, so no return outlives its publish. When the confirm
 // arrived, amqp091 has already queued any return of the message.
-func (b *brokerChannel) takeReturn(messageID string) (amqp.Return, bool) {
+func (b *channel) takeReturn(messageID string) (amqp.Return, bool) {
 	b.readReturns()
 	r, ok := b.returned[messageID]
 	delete(b.returned, messageID)
@@ -214,7 +247,7 @@ func (b *brokerChannel) takeReturn(messageID string) (amqp.Return, bool) {
 }
 
 // readReturns moves the returns amqp091 queued into returned.
-func (b *brokerChannel) readReturns() {
+func (b *channel) readReturns() {
 	for b.returns != nil {
 		select {
 		case r, ok := <-b.returns:
@@ -232,7 +265,7 @@ func (b *brokerChannel) readReturns() {
 }
 
 // failureReason is why the channel or the connection closed, once it has.
-func (b *brokerChannel) failureReason() string {
+func (b *channel) failureReason() string {
 	select {
 	case err, ok := <-b.failure:
 		if ok && err != nil {
@@ -246,9 +279,9 @@ func (b *brokerChannel) failureReason() string {
 	return b.lastErr
 }
 
-// close closes the connection, waiting a moment at most for the broker to
+// Close closes the connection, waiting a moment at most for the broker to
 // answer.
-func (b *brokerChannel) close() {
+func (b *channel) Close() {
 	_ = b.conn.CloseDeadline(time.Now().Add(closeTimeout))
 	if b.unhook != nil {
 		b.unhook()

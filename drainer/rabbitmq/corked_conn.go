@@ -1,4 +1,4 @@
-package drainer
+package rabbitmq
 
 import (
 	"net"

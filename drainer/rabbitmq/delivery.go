@@ -1,0 +1,101 @@
+package rabbitmq
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/spillway-io/spillway/drainer/sink"
+)
+
+// message is a row as an AMQP message, with its routing key.
+type message struct {
+	routingKey string
+	amqp.Publishing
+}
+
+func (m message) Size() int64 { return int64(len(m.Body)) }
+
+// delivery is one publish awaiting its confirm.
+type delivery struct {
+	confirm *amqp.DeferredConfirmation
+	channel *channel
+	// id is the message_id: a return names its message by it.
+	id string
+}
+
+func (d *delivery) Done() <-chan struct{} { return d.confirm.Done() }
+
+// Outcome classifies the confirm: an ack is Confirmed, unless the message
+// came back (Refused); a nack is the broker pushing back, unless the channel
+// closed (amqp091 resolves pending confirms as nacks then), which is Lost.
+func (d *delivery) Outcome() sink.Outcome {
+	ret, returned := d.channel.takeReturn(d.id)
+	if !d.confirm.Acked() {
+		if d.channel.ch.IsClosed() {
+			return sink.Outcome{Kind: sink.Lost, Detail: d.channel.failureReason()}
+		}
+		return sink.Outcome{Kind: sink.PushedBack}
+	}
+	if returned {
+		return sink.Outcome{Kind: sink.Refused, Reason: reasonReturned,
+			Detail: fmt.Sprintf("broker returned the message: %d %s (exchange %q, routing key %q)", ret.ReplyCode, ret.ReplyText, ret.Exchange, ret.RoutingKey)}
+	}
+	return sink.Outcome{Kind: sink.Confirmed}
+}
+
+// GiveUp forgets the delivery's return, so that one arriving late is not
+// read as the return of a later publish of the same row. A channel that
+// stalls past the deadline is not trusted again, and the claim loop
+// reconnects; unless the broker blocked it, which explains the stall, and a
+// new connection would only block again: then it is replaced once the
+// broker unblocks.
+func (d *delivery) GiveUp(timedOut bool) {
+	d.channel.takeReturn(d.id)
+	if !timedOut {
+		return
+	}
+	if d.channel.Blocked() {
+		d.channel.stale.Store(true)
+	} else {
+		d.channel.Close()
+	}
+}
+
+// Dialer opens a drainer's connections to the broker.
+type Dialer struct {
+	cfg       Config
+	drainerID string
+	depth     int
+	shape     messageShape
+	limits    messageLimits
+	log       *slog.Logger
+}
+
+// NewDialer is the dialer of cfg's broker, for the drainer drainerID
+// publishing at most depth messages at once, none larger than
+// maxPayloadBytes, from a payload column of payloadType.
+func NewDialer(cfg Config, drainerID string, depth int, maxPayloadBytes int64, payloadType string, log *slog.Logger) *Dialer {
+	contentType := cfg.ContentType
+	if contentType == "" {
+		contentType = sink.ContentType(payloadType)
+	}
+	return &Dialer{cfg: cfg, drainerID: drainerID, depth: depth, log: log,
+		shape:  messageShape{contentType: contentType, properties: cfg.MessageProperties},
+		limits: messageLimits{maxPayloadBytes: maxPayloadBytes}}
+}
+
+// Dial connects, enables confirms, and checks (or declares) the exchange.
+func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, error) {
+	return dial(hardStop, d.cfg, d.drainerID, d.depth, d.shape, d.limits, d.log, changed)
+}
+
+// Watch follows the broker URL's file.
+func (d *Dialer) Watch(ctx context.Context, log *slog.Logger, changed func()) error {
+	return d.cfg.Watch(ctx, log, changed)
+}
+
+// Where is the exchange rows are published to.
+func (d *Dialer) Where() string { return d.cfg.Where() }

@@ -1,0 +1,21 @@
+package drainer
+
+import (
+	"strings"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/outbox"
+)
+
+var _ = Describe("A settlement", func() {
+	It("keeps last_error short, cut within a character", func() {
+		b := &batch{claim: outbox.Claim{Rows: []outbox.Row{{ID: "1"}}},
+			outcomes: []outcome{{kind: failed, reason: reasonConnectionFailures, detail: strings.Repeat("é", 3000)}}}
+		st := settlementOf([]*batch{b}, false)
+		Expect(st.Reasons).To(HaveLen(1))
+		Expect(len(st.Reasons[0])).To(BeNumerically("<=", maxLastErrorLength+len("…")))
+		Expect(strings.ToValidUTF8(st.Reasons[0], "?")).To(Equal(st.Reasons[0]))
+	})
+})

@@ -1,0 +1,21 @@
+package sink
+
+import (
+	"testing"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+func TestSink(t *testing.T) {
+	RegisterFailHandler(Fail)
+	RunSpecs(t, "Sink Suite")
+}
+
+var _ = Describe("A message's content type", func() {
+	It("derives the content type from the payload column's type", func() {
+		Expect(ContentType("jsonb")).To(Equal("application/json"))
+		Expect(ContentType("bytea")).To(Equal("application/octet-stream"))
+		Expect(ContentType("text")).To(HavePrefix("text/plain"))
+	})
+})
