@@ -1,0 +1,227 @@
+package outbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+
+	"github.com/spillway-io/spillway/secret"
+)
+
+// ConnectPool opens a pool whose sessions name the drainer in
+// pg_stat_activity and, unless asked otherwise, commit asynchronously. With
+// a URL file, every new connection reads the file again, so a rotated
+// password is picked up as the pool replaces its connections.
+func ConnectPool(ctx context.Context, src secret.URLSource, drainerID string, synchronousCommit bool) (*pgxpool.Pool, error) {
+	url, err := src.Read()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := parsePoolConfig(url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "spillway-drainer/" + drainerID
+	// Every statement the drainer runs is built to be planned once for any
+	// parameters (the specs pin the claim's and the settles' generic plans);
+	// left to choose, Postgres kept planning the claim afresh for each
+	// execution, which cost about a third of the claim.
+	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
+	// A session makes each generic plan once, from the table's size then.
+	// A new outbox, or a new partition, is nearly empty at that moment, and
+	// there a sequential scan costs less than finding the claimed rows by
+	// TID: every claim then read the whole table, a cost that grew with
+	// each row published (1.4 ms of Postgres's CPU per claim of 8 rows after
+	// 4,000 rows, 5.3 ms after 32,000) until an ANALYZE replanned it. Every
+	// statement here reaches its rows through an index or by TID.
+	cfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
+	// The ordered claim's generic plan is costed above jit_above_cost, and
+	// Postgres compiled it at every execution: 120 ms of a 135 ms claim. No
+	// statement of the drainer reads enough rows to repay a compilation.
+	cfg.ConnConfig.RuntimeParams["jit"] = "off"
+	if !synchronousCommit {
+		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	}
+	if src.File != "" {
+		cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+			url, err := src.Read()
+			if err != nil {
+				return err
+			}
+			fresh, err := parsePoolConfig(url)
+			if err != nil {
+				return err
+			}
+			// Where and who from the file; the session settings stay ours.
+			f := fresh.ConnConfig
+			cc.Host, cc.Port, cc.Database, cc.User, cc.Password = f.Host, f.Port, f.Database, f.User, f.Password
+			cc.TLSConfig, cc.Fallbacks = f.TLSConfig, f.Fallbacks
+			return nil
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open database pool: %w", secret.RedactError(err, url))
+	}
+	return pool, nil
+}
+
+func parsePoolConfig(url string) (*pgxpool.Config, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		// pgx's parse errors can quote the URL, password included.
+		return nil, fmt.Errorf("parse database URL: invalid connection string (%s)", secret.RedactURL(url))
+	}
+	return cfg, nil
+}
+
+// Catalog reads the live columns of the spec's table; none means no table.
+func Catalog(ctx context.Context, db Querier, spec TableSpec) ([]CatalogColumn, error) {
+	stmt := spec.CatalogQuery()
+	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", spec.Name, err)
+	}
+	cols, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (CatalogColumn, error) {
+		var c CatalogColumn
+		return c, r.Scan(&c.Name, &c.Type, &c.NotNull)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read columns of %s: %w", spec.Name, err)
+	}
+	return cols, nil
+}
+
+// ResolveOutbox reads the spec's table from the catalog and resolves it
+// against the mapping. A table that does not exist or does not fit is an
+// *UnusableTableError: trying again will not change it, fixing the mapping
+// or migrating will. A missing table is named by the database's own answer,
+// with its SQLSTATE, as a drainer's claim would be.
+func ResolveOutbox(ctx context.Context, db Querier, spec TableSpec) (*Table, error) {
+	cols, err := Catalog(ctx, db, spec)
+	if err != nil {
+		return nil, err
+	}
+	if len(cols) == 0 {
+		if err := lookUpTable(ctx, db, spec); err != nil {
+			if refusal(err) == nil {
+				return nil, err
+			}
+			return nil, &UnusableTableError{Err: fmt.Errorf("table %s: %w; run spillway migrate to create it", spec.Name, err)}
+		}
+	}
+	table, err := ResolveTable(spec, cols)
+	if err != nil {
+		return nil, &UnusableTableError{Err: err}
+	}
+	return table, nil
+}
+
+// lookUpTable asks the database for the spec's table, which answers with
+// an error when there is none.
+func lookUpTable(ctx context.Context, db Querier, spec TableSpec) error {
+	stmt := spec.TableQuery()
+	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+// Querier is what Catalog needs: a pool or a single connection.
+type Querier interface {
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+}
+
+// OpenStore resolves the spec against the live table, and checks that
+// migrate has made it drainable: a drainer on a table without its due-time
+// column or its claim index would claim nothing or scan the table on every
+// claim.
+func OpenStore(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) (*Store, error) {
+	table, err := ResolveOutbox(ctx, pool, spec)
+	if err != nil {
+		return nil, err
+	}
+	notes, err := checkDrainable(ctx, pool, spec, table)
+	if err != nil {
+		return nil, err
+	}
+	if table.settleByID, err = idIndexed(ctx, pool, table); err != nil {
+		return nil, err
+	}
+	return &Store{pool: pool, table: table, notes: notes}, nil
+}
+
+// Notes are what the table lacks that the drainer drains without, and that
+// spillway migrate would add: each worth a warning.
+func (s *Store) Notes() []string { return s.notes }
+
+// UnusableTableError is a table the drainer cannot drain as it is: waiting
+// will not change it, running migrate or fixing the mapping will.
+type UnusableTableError struct{ Err error }
+
+func (e *UnusableTableError) Error() string { return e.Err.Error() }
+
+func (e *UnusableTableError) Unwrap() error { return e.Err }
+
+// checkDrainable refuses a table migrate has not finished: no due-time
+// column, a nullable one, or a claim or published index missing, invalid,
+// or of another shape than migrate builds. An index of the shape an
+// earlier release built is drained through, with a note.
+func checkDrainable(ctx context.Context, db Querier, spec TableSpec, t *Table) (notes []string, err error) {
+	path := field.NewPath("database")
+	if t.cols.AvailableAt == "" {
+		return nil, &UnusableTableError{Err: field.NotFound(path.Child("columns", "availableAt"),
+			fmt.Sprintf("%s in %s: every row's due time; run spillway migrate, which adds it", spec.Columns.physical("availableAt"), t.name))}
+	}
+	if !t.dueNotNull {
+		return nil, &UnusableTableError{Err: field.Invalid(path.Child("columns", "availableAt"), t.cols.AvailableAt,
+			fmt.Sprintf("must be NOT NULL with a default (now()) in %s: a row with a NULL due time would never be claimed", t.name))}
+	}
+	rel, err := lookUpRelation(ctx, db, spec)
+	if err != nil {
+		return nil, err
+	}
+	for _, def := range t.Indexes() {
+		shape, found, err := lookUpIndex(ctx, db, def, rel)
+		if err != nil {
+			return nil, err
+		}
+		name := rel.objectName(def.Suffix)
+		problem := ""
+		switch {
+		case !found:
+			problem = "is missing"
+		case !shape.Valid:
+			problem = "is not valid (an interrupted build, or a partition without it)"
+		case def.Superseded(shape):
+			notes = append(notes, fmt.Sprintf("index %s on %s is on (%s), as an earlier release built it: claims read the rows they pass over from the table; run spillway migrate, which rebuilds it on (%s)",
+				name, t.name, strings.Join(def.Supersedes, ", "), strings.Join(def.Columns, ", ")))
+		case !def.Matches(shape):
+			problem = "is not the index migrate builds"
+		}
+		if problem != "" {
+			return nil, &UnusableTableError{Err: fmt.Errorf("index %s on %s %s: run spillway migrate", name, t.name, problem)}
+		}
+	}
+	return notes, nil
+}
+
+// idIndexed reads whether the table's settles can find rows by id.
+func idIndexed(ctx context.Context, db Querier, t *Table) (bool, error) {
+	stmt := t.IDIndexQuery()
+	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
+	if err != nil {
+		return false, fmt.Errorf("look up an index on %s's id: %w", t.name, err)
+	}
+	indexed, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[bool])
+	if err != nil {
+		return false, fmt.Errorf("look up an index on %s's id: %w", t.name, err)
+	}
+	return indexed, nil
+}

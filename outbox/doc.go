@@ -1,0 +1,31 @@
+// Package outbox is Spillway's table layer: the one package that speaks to
+// Postgres. It holds the outbox table's mapping (TableSpec, Columns,
+// resolved against the catalog into a Table), renders every statement the
+// drainers and the operator run (Table's methods, in table*.go), and runs
+// them: a drainer's Store, migrate, the status reads, the changes of
+// poisoned rows, and the operator's Reader.
+//
+// Words of the domain, as the code uses them:
+//   - due time: available_at. A fresh row is due when enqueued, a row in
+//     backoff when its backoff ends, a claimed row when its lease ends; a
+//     poisoned or parked row never ('infinity').
+//   - claim, lease, token: a claim takes due rows and stamps claimed_by,
+//     claimed_at (the token) and a due time a lease ahead. Every settle is
+//     fenced on the token, so a row whose lease expired and was claimed
+//     again is left to its new claim.
+//   - settle: phase 3, marking published, recording failures, releasing.
+//   - live: a due row a claim may take: attempts left and not parked.
+//     A spent row is due but not live; shelving gives it 'infinity'.
+//   - poisoned: at maxAttempts; parked: set aside by a person, out of the
+//     poisoned count, until replayed.
+//   - head, waiting: with per-key ordering, the first unpublished row of a
+//     key; the rows behind it wait at a due time past any claim's reach.
+//   - hush: a shared advisory lock a drainer that claims on its own holds,
+//     so that inserting commits skip notifying it.
+//   - roster: the drainers of a table under --max-rate, counted by the
+//     holders of a shared advisory lock, to share the cap.
+//   - rehearsal: the drainers' statements planned under EXPLAIN, run by no
+//     one, which tells whether the database would refuse them.
+//   - refusal: the database's answer to a statement it will not run for a
+//     reason waiting would not cure (a table gone, a privilege revoked).
+package outbox

@@ -1,0 +1,198 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// The sessions a drainer holds on its own, beside its pool: the LISTEN on
+// the table's notify channel, the notify hush and the --max-rate roster,
+// whose locks are let go when their session ends.
+
+// Listen holds a connection of its own in LISTEN on the table's notify
+// channel. It calls listening once the LISTEN is in place and notified on
+// every notification, and returns when the connection fails or ctx ends.
+func (s *Store) Listen(ctx context.Context, spec TableSpec, listening, notified func()) error {
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	// Hijacked, the connection leaves the pool for good: a LISTEN session
+	// must not be handed to a claim.
+	conn := pc.Hijack()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		_ = conn.Close(ctx)
+	}()
+	if _, err := conn.Exec(ctx, spec.Listen().SQL); err != nil {
+		return fmt.Errorf("listen on %s: %w", spec.NotifyChannel(), err)
+	}
+	listening()
+	for {
+		if _, err := conn.WaitForNotification(ctx); err != nil {
+			return err
+		}
+		notified()
+	}
+}
+
+// NotifyHush is a session of its own on which a drainer that claims on its
+// own holds the notify trigger's lock in shared mode, so that commits into
+// the table skip notifying. The session ending lets go of the lock, so a
+// drainer that dies leaves no hush behind. Claim loop only.
+type NotifyHush struct {
+	pool *pgxpool.Pool
+	spec TableSpec
+	conn *pgx.Conn
+	held bool
+	// quietUntil: after a failure, no try before then, so that a database
+	// refusing sessions is not asked for one at every claim.
+	quietUntil time.Time
+}
+
+// NotifyHush returns the hush of spec's notifications, not yet held.
+func (s *Store) NotifyHush(spec TableSpec) *NotifyHush { return &NotifyHush{pool: s.pool, spec: spec} }
+
+const (
+	// hushTimeout bounds a hush statement: the lock is only tried, never
+	// waited for.
+	hushTimeout = time.Second
+	// hushRetry is how long a failed hush waits before the next try;
+	// meanwhile commits notify, as without it.
+	hushRetry = time.Minute
+)
+
+// Held reports whether commits are hushed by this drainer.
+func (h *NotifyHush) Held() bool { return h.held }
+
+// Hush tries the lock; a transaction notifying at that moment holds it, and
+// then commits keep notifying until the next try.
+func (h *NotifyHush) Hush(ctx context.Context) error {
+	if h.held || time.Now().Before(h.quietUntil) {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, hushTimeout)
+	defer cancel()
+	if h.conn == nil {
+		conn, err := ownSession(ctx, h.pool)
+		if err != nil {
+			h.quietUntil = time.Now().Add(hushRetry)
+			return fmt.Errorf("hush notifications on %s: %w", h.spec.NotifyChannel(), err)
+		}
+		h.conn = conn
+	}
+	stmt := h.spec.NotifyHush()
+	if err := h.conn.QueryRow(ctx, stmt.SQL, stmt.Args...).Scan(&h.held); err != nil {
+		h.Close()
+		h.quietUntil = time.Now().Add(hushRetry)
+		return fmt.Errorf("hush notifications on %s: %w", h.spec.NotifyChannel(), err)
+	}
+	return nil
+}
+
+// Unhush lets go of the lock; if that fails, closing the session does.
+func (h *NotifyHush) Unhush(ctx context.Context) error {
+	if !h.held {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, hushTimeout)
+	defer cancel()
+	stmt := h.spec.NotifyUnhush()
+	if _, err := h.conn.Exec(ctx, stmt.SQL, stmt.Args...); err != nil {
+		h.Close()
+		return fmt.Errorf("unhush notifications on %s: %w", h.spec.NotifyChannel(), err)
+	}
+	h.held = false
+	return nil
+}
+
+// Close ends the session, and with it the hush.
+func (h *NotifyHush) Close() {
+	closeSession(h.conn)
+	h.conn, h.held = nil, false
+}
+
+// ownSession takes a connection out of the pool for a session-level lock,
+// which must not go with it to a claim.
+func ownSession(ctx context.Context, pool *pgxpool.Pool) (*pgx.Conn, error) {
+	pc, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pc.Hijack(), nil
+}
+
+// closeSession ends a session of ownSession's, and with it its locks.
+func closeSession(conn *pgx.Conn) {
+	if conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), sessionCloseTimeout)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// sessionCloseTimeout bounds the goodbye to a session: a database that does
+// not answer must not hold up a drainer's shutdown.
+const sessionCloseTimeout = time.Second
+
+// Roster is a session of its own on which a capped drainer holds the
+// table's roster lock in shared mode, and counts the other holders to take
+// its share of --max-rate. The session ending lets go of the lock, so a
+// drainer that dies or stops is out of the count at once. Used by one
+// claim at a time.
+type Roster struct {
+	pool *pgxpool.Pool
+	spec TableSpec
+	conn *pgx.Conn
+}
+
+// Roster returns spec's roster, not yet joined.
+func (s *Store) Roster(spec TableSpec) *Roster { return &Roster{pool: s.pool, spec: spec} }
+
+// rosterTimeout bounds joining and counting; the count is only tried again a
+// second later.
+const rosterTimeout = time.Second
+
+// Others joins the roster if this drainer has not, or has lost its session,
+// and counts the other drainers in it.
+func (r *Roster) Others(ctx context.Context) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, rosterTimeout)
+	defer cancel()
+	if r.conn == nil {
+		conn, err := ownSession(ctx, r.pool)
+		if err != nil {
+			return 0, fmt.Errorf("join the drainers of %s: %w", r.spec.Name, err)
+		}
+		r.conn = conn
+		join := r.spec.RosterJoin()
+		var joined bool
+		err = r.conn.QueryRow(ctx, join.SQL, join.Args...).Scan(&joined)
+		if err == nil && !joined {
+			err = errors.New("a session other than a drainer's holds its roster lock exclusively")
+		}
+		if err != nil {
+			r.Close()
+			return 0, fmt.Errorf("join the drainers of %s: %w", r.spec.Name, err)
+		}
+	}
+	stmt := r.spec.RosterOthers()
+	var n int
+	if err := r.conn.QueryRow(ctx, stmt.SQL, stmt.Args...).Scan(&n); err != nil {
+		r.Close()
+		return 0, fmt.Errorf("count the drainers of %s: %w", r.spec.Name, err)
+	}
+	return n, nil
+}
+
+// Close ends the session, and with it this drainer's place in the roster.
+func (r *Roster) Close() {
+	closeSession(r.conn)
+	r.conn = nil
+}
