@@ -11,7 +11,7 @@ import (
 )
 
 // This file holds the statements of spillway migrate and the catalog
-// look-ups: the schema the drainer's statements in table.go rely on.
+// look-ups: the schema the drainer's statements rely on.
 
 // CatalogQuery renders the look-up of a table's columns; no rows means no table.
 func (s TableSpec) CatalogQuery() Statement {
@@ -379,52 +379,6 @@ func notifyLock(channel string) string {
 	return "hashtext('spillway.notify'), hashtext(" + channel + ")"
 }
 
-// NotifyHush renders the try of the notify trigger's lock in shared mode,
-// for a session of its own. While a drainer holds it, claiming every
-// --wake-coalesce because rows keep coming, commits skip notifying: at a
-// steady 1,000 commits/s the notifications alone cost Postgres half again
-// the CPU of the inserts, and a drainer that is claiming anyway needs none.
-func (s TableSpec) NotifyHush() Statement {
-	return Statement{SQL: "SELECT pg_try_advisory_lock_shared(" + notifyLock("$1") + ")", Args: []any{s.NotifyChannel()}}
-}
-
-// NotifyUnhush renders the release of NotifyHush's lock.
-func (s TableSpec) NotifyUnhush() Statement {
-	return Statement{SQL: "SELECT pg_advisory_unlock_shared(" + notifyLock("$1") + ")", Args: []any{s.NotifyChannel()}}
-}
-
-// rosterLock is the key of the advisory lock that every capped drainer of
-// the table holds in shared mode on a session of its own (Roster), for the
-// table named by $1: its holders are the drainers running, whatever they
-// hold or wait for. Advisory locks are the database's, so the same table
-// name in another database is another roster.
-const rosterLock = "hashtext('spillway.roster'), hashtext($1)"
-
-// rosterTable is the roster statements' $1.
-func (s TableSpec) rosterTable() string {
-	schema, name := s.QualifiedName()
-	return schema + "." + name
-}
-
-// RosterJoin renders the take of the roster lock, in shared mode so that it
-// never waits on another drainer's.
-func (s TableSpec) RosterJoin() Statement {
-	return Statement{SQL: "SELECT pg_try_advisory_lock_shared(" + rosterLock + ")", Args: []any{s.rosterTable()}}
-}
-
-// RosterOthers renders the count of the other sessions holding the roster
-// lock, run on the session holding it. pg_locks shows an advisory key of
-// two int4 as classid and objid, with objsubid 2.
-func (s TableSpec) RosterOthers() Statement {
-	return Statement{SQL: `SELECT count(*) FROM pg_locks, (SELECT ` + rosterLock + `) AS k(k1, k2)
-WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
-	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	AND classid = k1::oid AND objid = k2::oid AND objsubid = 2`, Args: []any{s.rosterTable()}}
-}
-
 // quoteLiteral quotes a string as an SQL literal. Only used for names that
 // passed the identifier pattern, so there is no backslash to worry about.
 func quoteLiteral(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
-
-// Listen renders the LISTEN on the table's notify channel.
-func (s TableSpec) Listen() Statement { return Statement{SQL: "LISTEN " + q(s.NotifyChannel())} }
