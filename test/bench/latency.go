@@ -19,6 +19,45 @@ import (
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
+// latency measures commit to publish at a steady application rate, with
+// notifications (coalesced, as by default, and not) and with polling only,
+// in interleaved rounds: one 10 s run of each is at the mercy of what falls
+// in it, and single runs put Postgres's CPU with notifications at 0.72–1.91 ×
+// polling's from one full run to the next. (Much of that spread was the
+// claim's plan, made on the run's new, empty table: it read the table whole
+// until an autovacuum happened to replan it; see ConnectPool.)
+func (b *bench) latency(ctx context.Context) []string {
+	coalesce := *wakeCoalesce
+	var notified, eager, polled latencyRuns
+	for round := range *rounds {
+		log.Printf("commit-to-publish latency at %d events/s, round %d of %d: notified, coalescing %s and not, and polling only",
+			*latencyRate, round+1, *rounds, coalesce)
+		notified = append(notified, b.commitLatency(ctx, true, coalesce))
+		eager = append(eager, b.commitLatency(ctx, true, 0))
+		polled = append(polled, b.commitLatency(ctx, false, coalesce))
+	}
+	fmt.Println()
+	notified.report(fmt.Sprintf("commit→published latency, LISTEN/NOTIFY, coalescing %s", coalesce))
+	eager.report("commit→published latency, LISTEN/NOTIFY, claiming at each wake-up")
+	polled.report(fmt.Sprintf("commit→published latency, polling every %s", drainer.DefaultConfig().PollInterval))
+	coalescing, each := notified.databaseCPU()/polled.databaseCPU(), eager.databaseCPU()/polled.databaseCPU()
+	fmt.Printf("Postgres CPU against polling's, over the rounds: coalescing %.2f (rounds %s), claiming at each wake-up %.2f (rounds %s)\n",
+		coalescing, notified.against(polled), each, eager.against(polled))
+	for _, s := range []struct {
+		what string
+		runs latencyRuns
+	}{{"coalescing", notified}, {"claiming at each wake-up", eager}, {"polling", polled}} {
+		fmt.Printf("  %-26s %s (of a core, over the rounds)\n", s.what+":", s.runs.sessions())
+	}
+
+	p50, p99 := notified.p50(), notified.p99()
+	return []string{
+		target("LISTEN/NOTIFY p50 ≤ 10 ms", fmt.Sprintf("%.2f ms", ms(p50)), p50 <= 10*time.Millisecond),
+		target("LISTEN/NOTIFY p99 ≤ 50 ms", fmt.Sprintf("%.2f ms", ms(p99)), p99 <= 50*time.Millisecond),
+		target("Postgres CPU, notify ≤ 1.5 × polling", fmt.Sprintf("%.2f", coalescing), coalescing <= 1.5),
+	}
+}
+
 var (
 	latencyRate     = flag.Int("latency-rate", 1000, "events per second inserted in the latency runs, one per transaction")
 	latencyDuration = flag.Duration("latency-duration", 10*time.Second, "length of each latency run")
