@@ -52,8 +52,17 @@ test: services verify-generated $(HELM) ## Run every suite against the local Pos
 		flock -o -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
 		flock -o -x $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $(FAULTS)
 
+# The unit tier: every spec that runs against no service, which is every
+# spec without a tier's label (test/tier), in every package but test/'s
+# suites, each of which runs against services as a whole.
+UNIT_LABELS := !db && !broker && !envtest && !process && !cluster && !faults
+
+.PHONY: test-unit
+test-unit: ## Run the unit tier: the specs that need no Postgres, RabbitMQ, API server or cluster (under a minute, with the services stopped).
+	SPILLWAY_TEST_LABELS='$(UNIT_LABELS)' $(GO) test -count=1 $$($(GO) list ./... | grep -v '/test/')
+
 STRESS_RUNS     ?= 20
-STRESS_PACKAGES ?= ./drainer ./test/e2e
+STRESS_PACKAGES ?= ./drainer ./test/process
 
 .PHONY: test-stress
 test-stress: services $(HELM) ## Run the integration suites STRESS_RUNS times (default 20) with every core kept busy; stops at the first failure.

@@ -12,22 +12,27 @@ import (
 	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/outbox"
-	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/suite"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestCommands(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Commands Suite")
+	tier.Run(t, "Commands Suite")
 }
 
 var pool *pgxpool.Pool
 
-var _ = BeforeSuite(func(ctx SpecContext) {
-	services, err := testenv.Connect(ctx)
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(services.Close)
-	pool = services.DB
+var services suite.Lazy
+
+// Only the specs that run against Postgres connect to it.
+var _ = BeforeEach(func(ctx SpecContext) {
+	if tier.Needs(tier.DB) {
+		pool = services.Connect(ctx).DB
+	}
 })
+
+var _ = AfterSuite(services.Close)
 
 var _ = Describe("spillway drain flags", func() {
 	It("parses --columns pairs and names an unknown logical column", func() {

@@ -11,6 +11,7 @@ import (
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 var _ = Describe("spillway poisoned's flags", func() {
@@ -30,7 +31,7 @@ var _ = Describe("spillway poisoned's flags", func() {
 	)
 })
 
-var _ = Describe("spillway poisoned", Label("integration"), func() {
+var _ = Describe("spillway poisoned", Label(tier.DB), func() {
 	// A canonical outbox of 10 rows, of which 3 were poisoned by a too-long
 	// routing key three hours ago, and 2 by a return an hour ago.
 	const triageMaxAttempts = 5

@@ -14,7 +14,7 @@ import (
 	"github.com/spillway-io/spillway/api/v1alpha1"
 )
 
-var _ = Describe("An autoscaled fleet", Label("integration"), func() {
+var _ = Describe("An autoscaled fleet", func() {
 	// autoscaled creates a fleet over an outbox of its own, sized by a.
 	autoscaled := func(ctx context.Context, a v1alpha1.Autoscaling) (*v1alpha1.OutboxDrainer, string) {
 		ns := namespace(ctx)

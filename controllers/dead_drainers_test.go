@@ -15,7 +15,7 @@ import (
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
-var _ = Describe("The claims of dead drainers", Label("integration"), func() {
+var _ = Describe("The claims of dead drainers", func() {
 	var (
 		ns, table string
 		od        *v1alpha1.OutboxDrainer

@@ -36,7 +36,7 @@ func fetch(url string) func() string {
 	}
 }
 
-var _ = Describe("spillway manager", Label("integration"), func() {
+var _ = Describe("spillway manager", func() {
 	It("takes the leader lease, serves /healthz and /readyz, and /metrics, with the outboxes' numbers, only to scrapers the API server authorizes", func(ctx SpecContext) {
 		ns := namespace(ctx)
 		probeAddr, metricsAddr := suite.FreeAddr(), suite.FreeAddr()

@@ -10,7 +10,7 @@ import (
 	"github.com/spillway-io/spillway/api/v1alpha1"
 )
 
-var _ = Describe("An OutboxDrainer with per-key ordering", Label("integration"), func() {
+var _ = Describe("An OutboxDrainer with per-key ordering", func() {
 	It("passes spec.ordering to the drainers' flags, and shows the blocked keys in the status and the wide columns", func(ctx SpecContext) {
 		ns := namespace(ctx)
 		table := outboxTable(ctx)

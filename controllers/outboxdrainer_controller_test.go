@@ -22,7 +22,7 @@ import (
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
-var _ = Describe("OutboxDrainer controller", Label("integration"), func() {
+var _ = Describe("OutboxDrainer controller", func() {
 	var (
 		ns    string
 		table string

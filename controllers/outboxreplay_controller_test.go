@@ -89,7 +89,7 @@ func rowCount(ctx context.Context, table, where string) int {
 	return n
 }
 
-var _ = Describe("OutboxReplay controller", Label("integration"), func() {
+var _ = Describe("OutboxReplay controller", func() {
 	var (
 		ns, table          string
 		od                 *v1alpha1.OutboxDrainer

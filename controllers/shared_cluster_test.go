@@ -75,7 +75,7 @@ func markReady(ctx context.Context, d *appsv1.Deployment, replicas int32) {
 	Expect(k8s.Status().Update(ctx, d)).To(Succeed())
 }
 
-var _ = Describe("An OutboxDrainer in a shared cluster", Label("integration"), func() {
+var _ = Describe("An OutboxDrainer in a shared cluster", func() {
 	var (
 		ns    string
 		table string

@@ -9,9 +9,10 @@ import (
 
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("Draining existing tables through the column mapping", Label("integration"), func() {
+var _ = Describe("Draining existing tables through the column mapping", Label(tier.DB, tier.Broker), func() {
 	It("drains an event_outbox whose routing key is the payload's event_type", func(ctx SpecContext) {
 		name := "public." + testenv.UniqueName("event_outbox")
 		db.Exec(ctx, `CREATE TABLE `+name+` (

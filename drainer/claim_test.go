@@ -3,9 +3,11 @@ package drainer
 import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("The claim", Label("integration"), func() {
+var _ = Describe("The claim", Label(tier.DB, tier.Broker), func() {
 	It("releases the rows of a claim whose result was lost, and keeps the claims in phases 2 and 3", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		db.Seed(ctx, spec.Name, 10)

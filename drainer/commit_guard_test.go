@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 var _ = Describe("The commit guard", func() {
@@ -132,7 +133,7 @@ var _ = Describe("The commit guard", func() {
 		return startDrainer(ctx, cfg), spec
 	}
 
-	It("slows a drain to its slowest pace while every commit is slower than the ceiling", Label("integration"), func(ctx SpecContext) {
+	It("slows a drain to its slowest pace while every commit is slower than the ceiling", Label(tier.DB, tier.Broker), func(ctx SpecContext) {
 		// No commit, synchronous or not, returns within a nanosecond.
 		d, spec := guarded(ctx, time.Nanosecond)
 		pace := func() float64 { return testutil.ToFloat64(d.metrics.CommitPace) }
@@ -160,7 +161,7 @@ var _ = Describe("The commit guard", func() {
 			"logged on reaching it, not at each of the cuts that keep it there")
 	})
 
-	It("drains at full speed while commits stay within the ceiling, timing them all along", Label("integration"), func(ctx SpecContext) {
+	It("drains at full speed while commits stay within the ceiling, timing them all along", Label(tier.DB, tier.Broker), func(ctx SpecContext) {
 		d, spec := guarded(ctx, time.Minute)
 		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
 		// Three doublings ask for 100 events/s of drain, which any machine

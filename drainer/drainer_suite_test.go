@@ -18,11 +18,12 @@ import (
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestDrainer(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Drainer Suite")
+	tier.Run(t, "Drainer Suite")
 }
 
 var (
@@ -31,13 +32,17 @@ var (
 	amqpCon *amqp.Connection
 )
 
-var _ = BeforeSuite(func(ctx SpecContext) {
-	services, err := testenv.Connect(ctx)
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(services.Close)
-	pool, amqpCon = services.DB, services.Broker
-	db = suite.DB{Pool: pool}
+var services suite.Lazy
+
+// Only the specs that run against Postgres or RabbitMQ connect to them.
+var _ = BeforeEach(func(ctx SpecContext) {
+	if tier.Needs(tier.DB, tier.Broker) {
+		s := services.Connect(ctx)
+		pool, amqpCon, db = s.DB, s.Broker, suite.DB{Pool: s.DB}
+	}
 })
+
+var _ = AfterSuite(services.Close)
 
 // amqpChannel opens a channel for the current test.
 func amqpChannel() *amqp.Channel {

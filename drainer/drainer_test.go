@@ -14,11 +14,12 @@ import (
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 const drainTimeout = 60 * time.Second
 
-var _ = Describe("Draining", Label("integration"), func() {
+var _ = Describe("Draining", Label(tier.DB, tier.Broker), func() {
 	It("publishes every row of a 10,000-row outbox exactly once with 3 concurrent drainers", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
@@ -133,7 +134,7 @@ var _ = Describe("Draining", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("Leases", Label("integration"), func() {
+var _ = Describe("Leases", Label(tier.DB, tier.Broker), func() {
 	var (
 		spec  outbox.TableSpec
 		store *outbox.Store
@@ -211,7 +212,7 @@ var _ = Describe("Leases", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("Failures", Label("integration"), func() {
+var _ = Describe("Failures", Label(tier.DB, tier.Broker), func() {
 	It("releases the whole batch without counting attempts when the exchange disappears mid-drain", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
@@ -348,7 +349,7 @@ var _ = Describe("Failures", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("Spent rows", Label("integration"), func() {
+var _ = Describe("Spent rows", Label(tier.DB, tier.Broker), func() {
 	It("never hold back rows inserted after the drainer started: 20,000 rows poisoned under an older maxAttempts, polled once a second", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx) // no notify trigger: the poll finds the rows
 		topo := topology("#", nil)

@@ -6,9 +6,11 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("Per-key ordering", Label("integration"), func() {
+var _ = Describe("Per-key ordering", Label(tier.DB, tier.Broker), func() {
 	It("drains 20 keys in order with two drainers publishing at once", func(ctx SpecContext) {
 		spec := db.OrderedOutbox(ctx, "")
 		db.SeedKeys(ctx, spec.Name, 20, 25)

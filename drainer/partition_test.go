@@ -7,9 +7,10 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("A partitioned outbox", Label("integration"), func() {
+var _ = Describe("A partitioned outbox", Label(tier.DB, tier.Broker), func() {
 	It("is drained under retention without deleting a pending row or publishing one twice", func(ctx SpecContext) {
 		spec, _ := db.PartitionedOutbox(ctx, time.Now().Add(-24*time.Hour))
 		_, err := outbox.Migrate(ctx, pool, spec)

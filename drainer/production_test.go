@@ -22,9 +22,10 @@ import (
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("Fast wake-up", Label("integration"), func() {
+var _ = Describe("Fast wake-up", Label(tier.DB, tier.Broker), func() {
 	It("publishes an inserted row well under a second with the notify trigger, while the poll is 10 s", func(ctx SpecContext) {
 		notified, polled := db.CanonicalOutbox(ctx), db.CanonicalOutbox(ctx)
 		_, err := outbox.InstallNotifyTrigger(ctx, pool, notified)
@@ -187,7 +188,7 @@ var _ = Describe("Fast wake-up", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("Retention", Label("integration"), func() {
+var _ = Describe("Retention", Label(tier.DB, tier.Broker), func() {
 	It("deletes only what its windows allow", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
@@ -242,7 +243,7 @@ func eventTypes(ctx context.Context, table string) []string {
 	return out
 }
 
-var _ = Describe("Database URL from a file", Label("integration"), func() {
+var _ = Describe("Database URL from a file", Label(tier.DB, tier.Broker), func() {
 	It("reads the file again for every new connection, so a rotated secret needs no restart", func(ctx SpecContext) {
 		role := testenv.UniqueName("spillway_rotated")
 		db.Exec(ctx, "CREATE ROLE "+role+" LOGIN")
@@ -267,7 +268,7 @@ var _ = Describe("Database URL from a file", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("The drainer's database sessions", Label("integration"), func() {
+var _ = Describe("The drainer's database sessions", Label(tier.DB, tier.Broker), func() {
 	It("name the drainer, pin generic plans, scan no table whole, never JIT-compile, and commit asynchronously unless asked", func(ctx SpecContext) {
 		settings := func(synchronousCommit bool) []string {
 			id := testenv.UniqueName("drainer")
@@ -285,7 +286,7 @@ var _ = Describe("The drainer's database sessions", Label("integration"), func()
 	})
 })
 
-var _ = Describe("Graceful shutdown", Label("integration"), func() {
+var _ = Describe("Graceful shutdown", Label(tier.DB, tier.Broker), func() {
 	It("stops claiming, settles what was confirmed, releases the rest and returns within the shutdown timeout", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
@@ -308,7 +309,7 @@ var _ = Describe("Graceful shutdown", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("Liveness", Label("integration"), func() {
+var _ = Describe("Liveness", Label(tier.DB, tier.Broker), func() {
 	healthz := func(srv *httptest.Server) func() (int, string) {
 		return func() (int, string) {
 			resp, err := http.Get(srv.URL + "/healthz")
@@ -358,7 +359,7 @@ var _ = Describe("Liveness", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("Readiness", Label("integration"), func() {
+var _ = Describe("Readiness", Label(tier.DB, tier.Broker), func() {
 	get := func(srv *httptest.Server, path string) func() (int, string) {
 		return func() (int, string) {
 			resp, err := http.Get(srv.URL + path)

@@ -14,6 +14,7 @@ import (
 	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 // rabbitmqctl runs one rabbitmqctl command that touches only this test's own
@@ -29,7 +30,7 @@ func publishedOnce(ctx context.Context, table, queue string) {
 	Expect(duplicates).To(BeZero(), "rows published twice")
 }
 
-var _ = Describe("Classifying a confirm", Label("integration"), func() {
+var _ = Describe("Classifying a confirm", Label(tier.DB, tier.Broker), func() {
 
 	It("keeps draining when its broker connection is closed under it again and again mid-drain", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
@@ -54,7 +55,7 @@ var _ = Describe("Classifying a confirm", Label("integration"), func() {
 	})
 })
 
-var _ = Describe("A channel that gave up a confirm while the broker blocked it", Label("integration"), func() {
+var _ = Describe("A channel that gave up a confirm while the broker blocked it", Label(tier.DB, tier.Broker), func() {
 	It("is replaced once the broker no longer blocks it, before anything else is published on it", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
@@ -73,7 +74,7 @@ var _ = Describe("A channel that gave up a confirm while the broker blocked it",
 	})
 })
 
-var _ = Describe("Rows that would break the connection", Label("integration"), func() {
+var _ = Describe("Rows that would break the connection", Label(tier.DB, tier.Broker), func() {
 	It("publishes the other rows once each and poisons a row whose routing key is longer than AMQP allows, saying why", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
@@ -114,7 +115,7 @@ var _ = Describe("Rows that would break the connection", Label("integration"), f
 	})
 })
 
-var _ = Describe("A broker that nacks", Label("integration"), func() {
+var _ = Describe("A broker that nacks", Label(tier.DB, tier.Broker), func() {
 	It("poisons nothing while a full queue rejects publishes for longer than maxAttempts claims, and publishes everything once it drains", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", amqp.Table{"x-max-length": 10, "x-overflow": "reject-publish"})

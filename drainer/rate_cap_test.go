@@ -13,6 +13,7 @@ import (
 
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 var _ = Describe("The rate cap", func() {
@@ -67,7 +68,7 @@ var _ = Describe("The rate cap", func() {
 		Expect(float64(r.limiter.Limit())).To(Equal(900.0), "alone, the whole cap")
 	})
 
-	It("holds two drainers of one table to --max-rate together, each publishing its share", Label("integration"), func(ctx SpecContext) {
+	It("holds two drainers of one table to --max-rate together, each publishing its share", Label(tier.DB, tier.Broker), func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)
 		db.Seed(ctx, spec.Name, 8000)
@@ -95,7 +96,7 @@ var _ = Describe("The rate cap", func() {
 		}
 	})
 
-	It("keeps each drainer to half the cap while both keep up with the commits, between claims as much as in them", Label("integration"), func(ctx SpecContext) {
+	It("keeps each drainer to half the cap while both keep up with the commits, between claims as much as in them", Label(tier.DB, tier.Broker), func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		_, err := outbox.InstallNotifyTrigger(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 // triageMaxAttempts is the poison threshold of the replay specs.
@@ -27,7 +28,7 @@ func replay(ctx context.Context, spec outbox.TableSpec, sel outbox.PoisonedSelec
 	return done
 }
 
-var _ = Describe("Replayed rows", Label("integration"), func() {
+var _ = Describe("Replayed rows", Label(tier.DB, tier.Broker), func() {
 	It("are published again by a running drainer, and no other row is", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		db.Seed(ctx, spec.Name, 7)

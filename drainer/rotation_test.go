@@ -17,6 +17,7 @@ import (
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 // secretDir is a Secret volume as the kubelet lays it out: the file is a
@@ -50,7 +51,7 @@ func rabbitmqctl(args ...string) string {
 	return string(out)
 }
 
-var _ = Describe("Rotated connection Secrets", Label("integration"), func() {
+var _ = Describe("Rotated connection Secrets", Label(tier.DB, tier.Broker), func() {
 	It("follows a changed database URL file and broker URL file without a restart, losing nothing", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("#", nil)

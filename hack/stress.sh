@@ -3,17 +3,17 @@
 # core loaded, so that a spec racing its own signals fails here, on a fast
 # machine, instead of on a slower one. Stops at the first failing run.
 #
-#   hack/stress.sh [package ...]      default: ./drainer ./test/e2e
-#   RUNS=20 LOAD=2 LABELS='integration || e2e' hack/stress.sh ./drainer
+#   hack/stress.sh [package ...]      default: ./drainer ./test/process
+#   RUNS=20 LOAD=2 LABELS='db || broker || process' hack/stress.sh ./drainer
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
 RUNS=${RUNS:-20}
 LOAD=${LOAD:-$(nproc)}
-LABELS=${LABELS:-integration || e2e}
+LABELS=${LABELS:-db || broker || process}
 packages=("$@")
-[ ${#packages[@]} -gt 0 ] || packages=(./drainer ./test/e2e)
+[ ${#packages[@]} -gt 0 ] || packages=(./drainer ./test/process)
 
 work=$(mktemp -d)
 load=()

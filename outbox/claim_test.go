@@ -11,6 +11,7 @@ import (
 
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/suite"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 // claimBuffers runs the claim under EXPLAIN (ANALYZE, BUFFERS) in a
@@ -45,7 +46,7 @@ func seedAged(ctx context.Context, table string, n int) {
 	db.Exec(ctx, "VACUUM ANALYZE "+table)
 }
 
-var _ = Describe("The claim", Label("integration"), func() {
+var _ = Describe("The claim", Label(tier.DB), func() {
 	It("claims a row that is due again within the claims of the rows due before it, while fresh rows keep arriving", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		db.Seed(ctx, spec.Name, 5000)

@@ -12,9 +12,10 @@ import (
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("Migrate", Label("integration"), func() {
+var _ = Describe("Migrate", Label(tier.DB), func() {
 	It("creates the canonical table with its claim and published indexes, and a second run changes nothing", func(ctx SpecContext) {
 		spec := outbox.TableSpec{Name: "public." + testenv.UniqueName("outbox")}
 		db.DropAfterTest(spec.Name)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/suite"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 // seqs returns the aggregate and seq of each claimed row.
@@ -25,7 +26,7 @@ func seqs(ctx context.Context, table string, c outbox.Claim) []string {
 	return out
 }
 
-var _ = Describe("Per-key ordering", Label("integration"), func() {
+var _ = Describe("Per-key ordering", Label(tier.DB), func() {
 	var policy = outbox.FailurePolicy{InitialMillis: 60_000, MaxMillis: 60_000, MaxAttempts: 10}
 
 	It("claims only the head of each key, and the next row of a key once its head is published", func(ctx SpecContext) {
@@ -255,7 +256,7 @@ var _ = Describe("Per-key ordering", Label("integration"), func() {
 
 })
 
-var _ = Describe("The ordered claim's cost", Label("integration"), func() {
+var _ = Describe("The ordered claim's cost", Label(tier.DB), func() {
 	// buffersOf seeds a fresh ordered table with keys × perKey due rows and
 	// returns the shared buffers of an ordered claim of batch rows, and of
 	// the unordered claim of the same rows on the same table.

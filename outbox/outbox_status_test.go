@@ -10,9 +10,10 @@ import (
 
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("Reading the outbox's status", Label("integration"), func() {
+var _ = Describe("Reading the outbox's status", Label(tier.DB), func() {
 	const maxAttempts = 5
 
 	It("counts the backlog and the poisoned rows, leaves published rows out, and ages the backlog by the database's clock", func(ctx SpecContext) {

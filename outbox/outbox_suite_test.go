@@ -8,12 +8,12 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/spillway-io/spillway/test/suite"
-	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestOutbox(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Outbox Suite")
+	tier.Run(t, "Outbox Suite")
 }
 
 var (
@@ -21,10 +21,14 @@ var (
 	db   suite.DB
 )
 
-var _ = BeforeSuite(func(ctx SpecContext) {
-	services, err := testenv.Connect(ctx)
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(services.Close)
-	pool = services.DB
-	db = suite.DB{Pool: pool}
+var services suite.Lazy
+
+// Only the specs that run against Postgres connect to it.
+var _ = BeforeEach(func(ctx SpecContext) {
+	if tier.Needs(tier.DB) {
+		pool = services.Connect(ctx).DB
+		db = suite.DB{Pool: pool}
+	}
 })
+
+var _ = AfterSuite(services.Close)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 // indexesOn lists the definitions of the indexes of one table.
@@ -26,7 +27,7 @@ func indexesOn(ctx context.Context, table string) []string {
 	return defs
 }
 
-var _ = Describe("A partitioned outbox", Label("integration"), func() {
+var _ = Describe("A partitioned outbox", Label(tier.DB), func() {
 	It("is migrated with the claim and published indexes on the parent and on every partition, and a second run changes nothing", func(ctx SpecContext) {
 		spec, partitions := db.PartitionedOutbox(ctx, time.Now().Add(-24*time.Hour))
 		done, err := outbox.Migrate(ctx, pool, spec)
@@ -61,7 +62,7 @@ var _ = Describe("A partitioned outbox", Label("integration"), func() {
 
 })
 
-var _ = Describe("A table migrate did not finish", Label("integration"), func() {
+var _ = Describe("A table migrate did not finish", Label(tier.DB), func() {
 	It("is refused by the drainer, which names the missing claim index and says to run migrate", func(ctx SpecContext) {
 		name := "public." + testenv.UniqueName("unmigrated")
 		db.Exec(ctx, `CREATE TABLE `+name+` (id uuid PRIMARY KEY DEFAULT gen_random_uuid(), event_type text NOT NULL, payload jsonb NOT NULL,

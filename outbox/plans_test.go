@@ -14,9 +14,10 @@ import (
 	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("The drainer's plans", Label("integration"), func() {
+var _ = Describe("The drainer's plans", Label(tier.DB), func() {
 	// settlesFind is how every settle must find each lease's own row, not
 	// every lease against every row.
 	DescribeTable("stay index and TID scans under generic plans, never a scan of the table",

@@ -13,6 +13,7 @@ import (
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 // triageMaxAttempts is the poison threshold of the triage specs.
@@ -49,7 +50,7 @@ func change(ctx context.Context, t *outbox.Table, action outbox.PoisonedAction, 
 
 func selector(limit int) outbox.PoisonedSelector { return outbox.PoisonedSelector{Limit: limit} }
 
-var _ = Describe("Triage of poisoned rows", Label("integration"), func() {
+var _ = Describe("Triage of poisoned rows", Label(tier.DB), func() {
 	// A canonical outbox holding, oldest first: 3 rows poisoned by a
 	// too-long routing key three hours ago, 2 poisoned by a return an hour
 	// ago, 2 pending rows in backoff whose last attempt failed the same
@@ -278,7 +279,7 @@ var _ = Describe("Triage of poisoned rows", Label("integration"), func() {
 	)
 })
 
-var _ = Describe("Triage of an adopted table", Label("integration"), func() {
+var _ = Describe("Triage of an adopted table", Label(tier.DB), func() {
 	It("works through the column mapping, without last_error, enqueued_at or parked_at: poisonedBy stays empty and what needs them is refused", func(ctx SpecContext) {
 		name := "public." + testenv.UniqueName("legacy_outbox")
 		db.Exec(ctx, "CREATE TABLE "+name+` (event_id bigserial PRIMARY KEY, body jsonb NOT NULL, event_type text, sent_at timestamptz,

@@ -12,9 +12,10 @@ import (
 
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("Rehearsing the drainers' statements", Label("integration"), func() {
+var _ = Describe("Rehearsing the drainers' statements", Label(tier.DB), func() {
 	// asRole runs fn in a read-only transaction as a new role granted
 	// privileges on table, as the operator reads an outbox.
 	asRole := func(ctx context.Context, table, privileges string, fn func(pgx.Tx)) {

@@ -6,9 +6,10 @@ import (
 
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/suite"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("Settling", Label("integration"), func() {
+var _ = Describe("Settling", Label(tier.DB), func() {
 	DescribeTable("is fenced on the claim itself: an older batch's failure does not touch the row its own drainer re-claimed", func(ctx SpecContext, idIndex bool) {
 		spec := db.CanonicalOutbox(ctx)
 		if !idIndex {

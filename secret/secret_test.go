@@ -6,11 +6,13 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestSecret(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Secret Suite")
+	tier.Run(t, "Secret Suite")
 }
 
 var _ = Describe("Redacting connection strings", func() {

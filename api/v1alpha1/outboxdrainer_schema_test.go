@@ -17,11 +17,12 @@ import (
 	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/test/kubeenv"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestAPI(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "OutboxDrainer API Suite")
+	tier.Run(t, "OutboxDrainer API Suite", Label(tier.Envtest))
 }
 
 var k8s client.Client
@@ -88,7 +89,7 @@ func all(edits ...func(map[string]any)) func(map[string]any) {
 	}
 }
 
-var _ = Describe("The OutboxDrainer schema", Label("integration"), func() {
+var _ = Describe("The OutboxDrainer schema", func() {
 	It("defaults every setting of a minimal fleet to the drainer's own default", func(ctx SpecContext) {
 		u := manifest(nil)
 		Expect(k8s.Create(ctx, u)).To(Succeed())

@@ -29,7 +29,7 @@ func replayManifest(edit func(spec map[string]any)) *unstructured.Unstructured {
 	}}
 }
 
-var _ = Describe("The OutboxReplay schema", Label("integration"), func() {
+var _ = Describe("The OutboxReplay schema", func() {
 	It("defaults a minimal replay to a real run over the drainer's default selector limit", func(ctx SpecContext) {
 		u := replayManifest(nil)
 		Expect(k8s.Create(ctx, u)).To(Succeed())

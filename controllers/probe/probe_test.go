@@ -6,11 +6,13 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestProbe(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Probe Suite")
+	tier.Run(t, "Probe Suite")
 }
 
 var _ = Describe("The Prober's schedule", func() {

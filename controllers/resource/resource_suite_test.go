@@ -10,11 +10,12 @@ import (
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/test/samples"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestResource(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Resource Builder Suite")
+	tier.Run(t, "Resource Builder Suite")
 }
 
 func testScheme() *runtime.Scheme {

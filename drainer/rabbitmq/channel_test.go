@@ -11,9 +11,10 @@ import (
 	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("A delivery", Label("integration"), func() {
+var _ = Describe("A delivery", Label(tier.Broker), func() {
 	It("is confirmed when its confirm arrived before its channel closed, instead of spinning on the closed return channel", func(ctx SpecContext) {
 		conn, err := testenv.Connect(ctx)
 		Expect(err).NotTo(HaveOccurred())

@@ -5,9 +5,11 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestRabbitMQ(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "RabbitMQ Sink Suite")
+	tier.Run(t, "RabbitMQ Sink Suite")
 }

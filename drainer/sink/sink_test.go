@@ -5,11 +5,13 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestSink(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Sink Suite")
+	tier.Run(t, "Sink Suite")
 }
 
 var _ = Describe("A message's content type", func() {

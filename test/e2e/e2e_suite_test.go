@@ -1,285 +1,223 @@
-// Package e2e runs the spillway binary as a user does, against the local
-// Postgres and RabbitMQ. The faults that take a shared service down live in
-// test/faults, which runs on its own.
+// Package e2e runs Spillway as a user does, on a local cluster whose pods
+// run as processes (kubeenv.StartCluster): helm install, kubectl apply an
+// OutboxDrainer, drain an outbox, helm test; then the fleet's faults, each
+// with events flowing, each accounted for by message_id.
 package e2e
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"github.com/onsi/gomega/gbytes"
-	"github.com/onsi/gomega/gexec"
-	amqp "github.com/rabbitmq/amqp091-go"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
 
-	"github.com/spillway-io/spillway/test/suite"
+	"github.com/spillway-io/spillway/controllers"
+	"github.com/spillway-io/spillway/test/kubeenv"
+	"github.com/spillway-io/spillway/test/localnode"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestE2E(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "spillway binary")
+	tier.Run(t, "End-to-end Suite: the local cluster", Label(tier.Cluster))
 }
 
+const chart = "charts/spillway"
+
 var (
-	spillway string
-	pool     *pgxpool.Pool
-	amqpConn *amqp.Connection
+	cluster  *kubeenv.Cluster
+	services testenv.Services
+	// k8s reads and writes straight to the API server.
+	k8s client.Client
+	// helm is the binary make builds into bin/ at a pinned version.
+	helm string
+	// spillwayImage is the chart's default image, which the node runs as
+	// the spillway binary built for the suite.
+	spillwayImage string
+	// spillwayBinary is the binary built for the suite.
+	spillwayBinary string
+	// failed keeps the cluster's directory, with every log, after the run.
+	failed bool
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
-	spillway = suite.BuildSpillway()
-	services, err := testenv.Connect(ctx)
+	helm = os.Getenv("HELM")
+	Expect(helm).NotTo(BeEmpty(), "HELM is not set: make test builds helm into bin/ and sets it")
+
+	bin := buildSpillway()
+	spillwayBinary = bin
+	var chartMeta struct {
+		AppVersion string `json:"appVersion"`
+	}
+	readYAML(chart+"/Chart.yaml", &chartMeta)
+	var values struct {
+		Image struct {
+			Repository string `json:"repository"`
+		} `json:"image"`
+		Test struct {
+			Image string `json:"image"`
+		} `json:"test"`
+	}
+	readYAML(chart+"/values.yaml", &values)
+	spillwayImage = values.Image.Repository + ":" + chartMeta.AppVersion
+
+	assets, err := kubeenv.ClusterAssets()
+	Expect(err).NotTo(HaveOccurred())
+	cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{
+		Images: map[string]localnode.Image{
+			// The Dockerfile's image: the static binary, as distroless's
+			// nonroot user.
+			spillwayImage: {Binary: bin, User: 65532, Group: 65532},
+			// The helm test hook's image, whose entrypoint is kubectl.
+			values.Test.Image: {Binary: filepath.Join(assets, "kubectl")},
+			// A shell, for the node's own specs.
+			shellImage: {Binary: "/bin/sh"},
+		},
+		Progress: GinkgoWriter,
+	})
+	if cluster != nil {
+		DeferCleanup(func() {
+			Expect(cluster.Stop()).To(Succeed())
+			if !failed {
+				Expect(cluster.RemoveDir()).To(Succeed())
+			} else {
+				fmt.Fprintf(os.Stderr, "fleet: the cluster's logs are kept in %s\n", cluster.Dir)
+			}
+		})
+	}
+	Expect(err).NotTo(HaveOccurred())
+
+	scheme, err := controllers.NewScheme()
+	Expect(err).NotTo(HaveOccurred())
+	k8s, err = client.New(cluster.Config, client.Options{Scheme: scheme})
+	Expect(err).NotTo(HaveOccurred())
+
+	services, err = testenv.Connect(ctx)
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(services.Close)
-	pool, amqpConn = services.DB, services.Broker
+}, NodeTimeout(15*time.Minute))
+
+// A failed spec names the files of every log: each container's output and
+// the control plane's.
+var _ = JustAfterEach(func() {
+	if CurrentSpecReport().Failed() && cluster != nil {
+		failed = true
+		AddReportEntry("logs", strings.Join(cluster.LogFiles(), "\n"))
+	}
 })
 
-func start(args ...string) *gexec.Session { return suite.Start(spillway, args...) }
-
-func count(ctx context.Context, table, where string) int {
-	return suite.DB{Pool: pool}.Count(ctx, table, where)
+// buildSpillway builds the binary the pods run, into a directory that the
+// pods' user may read.
+func buildSpillway() string {
+	dir, err := os.MkdirTemp("", "spillway-fleet-bin")
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(os.RemoveAll, dir)
+	Expect(os.Chmod(dir, 0o755)).To(Succeed())
+	bin := filepath.Join(dir, "spillway")
+	// Built as the other suites build it (gexec), so it shares their
+	// build cache.
+	cmd := exec.Command("go", "build", "-o", bin, ".")
+	cmd.Dir = testenv.RepoRoot()
+	out, err := cmd.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), string(out))
+	return bin
 }
 
-// topology declares an exchange and a bound queue for the current test.
-func topology() (*amqp.Channel, testenv.Topology) {
-	ch, err := amqpConn.Channel()
+func readYAML(path string, into any) {
+	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), path))
 	Expect(err).NotTo(HaveOccurred())
-	topo, err := testenv.DeclareTopology(ch, "#", nil)
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(func() {
-		topo.Delete(ch)
-		_ = ch.Close()
-	})
-	return ch, topo
+	Expect(yaml.Unmarshal(data, into)).To(Succeed())
 }
 
-// drain starts a drain process on table, publishing to exchange.
-func drain(table, exchange, id string, extra ...string) *gexec.Session {
-	args := []string{"drain", "--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(),
-		"--table", table, "--exchange", exchange, "--drainer-id", id, "--poll-interval", "100ms"}
-	return start(append(args, extra...)...)
+// run runs kubectl ("kubectl" means the cluster's) or helm against the
+// cluster and returns its combined output.
+func run(name string, args ...string) (string, error) {
+	return runWithInput("", name, args...)
 }
 
-// peakRSS is a process's peak resident set size, VmHWM in /proc/<pid>/status.
-func peakRSS(pid int) int64 {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	Expect(err).NotTo(HaveOccurred())
-	defer f.Close()
-	scanner := bufio.NewScanner(f)
-	for scanner.Scan() {
-		if v, ok := strings.CutPrefix(scanner.Text(), "VmHWM:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
-			Expect(err).NotTo(HaveOccurred())
-			return kb << 10
+func runWithInput(stdin, name string, args ...string) (string, error) {
+	bin := name
+	switch name {
+	case "kubectl":
+		bin = cluster.Kubectl
+	case "helm":
+		bin = helm
+	}
+	cmd := cluster.Command(bin, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	GinkgoWriter.Printf("$ %s %s\n%s\n", name, strings.Join(args, " "), out)
+	return string(out), err
+}
+
+func mustRun(name string, args ...string) string {
+	out, err := run(name, args...)
+	ExpectWithOffset(1, err).NotTo(HaveOccurred(), out)
+	return out
+}
+
+// namespace creates a namespace that enforces the restricted Pod Security
+// Standard, as config/default's does.
+func namespace(ctx context.Context, name string) string {
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name:   name,
+		Labels: map[string]string{"pod-security.kubernetes.io/enforce": "restricted"},
+	}}
+	Expect(k8s.Create(ctx, ns)).To(Succeed())
+	return name
+}
+
+// pods lists the pods of a namespace that match labels.
+func pods(ctx context.Context, namespace string, labels map[string]string) []corev1.Pod {
+	var list corev1.PodList
+	Expect(k8s.List(ctx, &list, client.InNamespace(namespace), client.MatchingLabels(labels))).To(Succeed())
+	return list.Items
+}
+
+// ready says whether a pod is Running and Ready.
+func ready(p corev1.Pod) bool {
+	if p.Status.Phase != corev1.PodRunning || p.DeletionTimestamp != nil {
+		return false
+	}
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
 		}
 	}
-	Fail("no VmHWM in /proc/<pid>/status")
-	return 0
+	return false
 }
 
-// rabbitmqctl runs one rabbitmqctl command.
-func rabbitmqctl(args ...string) {
-	out, err := exec.Command("rabbitmqctl", args...).CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), "rabbitmqctl %v: %s", args, out)
+// readyPods are the names of the Running and Ready pods matching labels.
+func readyPods(ctx context.Context, namespace string, labels map[string]string) []string {
+	var names []string
+	for _, p := range pods(ctx, namespace, labels) {
+		if ready(p) {
+			names = append(names, p.Name)
+		}
+	}
+	return names
 }
 
-var _ = Describe("spillway", Label("e2e"), func() {
-	It("migrates an outbox, and a second migrate reports it up to date", func(ctx SpecContext) {
-		table := suite.Migrate(spillway, pool, "e2e_outbox")
-		s := start("migrate", "--database-url", testenv.DatabaseURL(), "--table", table)
-		Eventually(s, 30*time.Second).Should(gexec.Exit(0))
-		Expect(s.Out).To(gbytes.Say(table + " is up to date"))
-	})
-
-	It("drains an outbox with two drain processes, which exit 0 on SIGTERM and leave no claim behind", func(ctx SpecContext) {
-		table := suite.Migrate(spillway, pool, "e2e_outbox")
-		ch, topo := topology()
-		suite.DB{Pool: pool}.Seed(ctx, table, 5000)
-
-		var drainers []*gexec.Session
-		for _, id := range []string{"e2e-a", "e2e-b"} {
-			drainers = append(drainers, drain(table, topo.Exchange, id, "--metrics-addr", ""))
+// logOf is the output of a pod's container, every run, as the node kept it.
+func logOf(namespace, pod, container string) string {
+	var b strings.Builder
+	for _, l := range cluster.Node.Logs() {
+		if l.Namespace == namespace && l.Pod == pod && l.Container == container {
+			data, err := os.ReadFile(l.Path)
+			Expect(err).NotTo(HaveOccurred())
+			b.Write(data)
 		}
-		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 60*time.Second, 100*time.Millisecond).Should(BeZero())
-		Expect(testenv.QueueDepth(ch, topo.Queue)).To(Equal(5000))
-
-		for _, d := range drainers {
-			Expect(d.Command.Process.Signal(syscall.SIGTERM)).To(Succeed())
-		}
-		for _, d := range drainers {
-			Eventually(d, 30*time.Second).Should(gexec.Exit(0))
-		}
-		Expect(count(ctx, table, "published_at IS NULL AND claimed_by IS NOT NULL")).To(BeZero())
-	})
-
-	It("on SIGTERM mid-drain, exits 0 within the shutdown timeout and leaves no claimed rows", func(ctx SpecContext) {
-		table := suite.Migrate(spillway, pool, "e2e_outbox")
-		_, topo := topology()
-		suite.DB{Pool: pool}.Seed(ctx, table, 100_000)
-		d := drain(table, topo.Exchange, "e2e-term", "--metrics-addr", "", "--shutdown-timeout", "5s")
-		Eventually(func() int { return count(ctx, table, "published_at IS NOT NULL") }, 60*time.Second, 20*time.Millisecond).
-			Should(BeNumerically(">=", 2000))
-
-		Expect(d.Command.Process.Signal(syscall.SIGTERM)).To(Succeed())
-		signalled := time.Now()
-		Eventually(d, 5*time.Second, 10*time.Millisecond).Should(gexec.Exit(0))
-		GinkgoWriter.Printf("exited %s after SIGTERM\n", time.Since(signalled))
-		Expect(count(ctx, table, "published_at IS NULL")).To(BeNumerically(">", 0), "stopped mid-drain")
-		Expect(count(ctx, table, "published_at IS NULL AND claimed_by IS NOT NULL")).To(BeZero(), "no claim left behind")
-		Expect(count(ctx, table, "attempts > 0")).To(BeZero())
-	})
-
-	It("re-claims the rows of a drainer killed with SIGKILL once their lease expires, losing none", func(ctx SpecContext) {
-		table := suite.Migrate(spillway, pool, "e2e_outbox")
-		ch, topo := topology()
-		suite.DB{Pool: pool}.Seed(ctx, table, 20_000)
-		// The shortest lease the rule allows for a depth of 8: 2.4 s.
-		lease := []string{"--lease-ttl", "3s", "--pipeline-depth", "8", "--metrics-addr", ""}
-		victim := drain(table, topo.Exchange, "e2e-victim", lease...)
-		Eventually(func() int { return count(ctx, table, "published_at IS NOT NULL") }, 60*time.Second, 10*time.Millisecond).
-			Should(BeNumerically(">=", 1000))
-		// Freeze the victim at a moment it holds claims (between a settle
-		// and the next claim it may hold none), then kill it.
-		var orphaned int
-		Eventually(func() int {
-			Expect(victim.Command.Process.Signal(syscall.SIGSTOP)).To(Succeed())
-			if orphaned = count(ctx, table, "published_at IS NULL AND claimed_by = 'e2e-victim'"); orphaned == 0 {
-				Expect(victim.Command.Process.Signal(syscall.SIGCONT)).To(Succeed())
-			}
-			return orphaned
-		}, 10*time.Second, 5*time.Millisecond).Should(BeNumerically(">", 0), "the killed drainer left claims behind")
-		Expect(victim.Command.Process.Signal(syscall.SIGKILL)).To(Succeed())
-		Eventually(victim, 5*time.Second).Should(gexec.Exit())
-
-		drain(table, topo.Exchange, "e2e-heir", lease...)
-		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 120*time.Second, 100*time.Millisecond).Should(BeZero())
-		Expect(count(ctx, table, "attempts > 0")).To(BeZero())
-		missing, duplicates := suite.Undelivered(ch, topo.Queue, suite.DB{Pool: pool}.IDs(ctx, table, "true"), 60*time.Second)
-		Expect(missing).To(BeEmpty(), "rows never delivered")
-		GinkgoWriter.Printf("orphaned claims: %d, duplicates delivered: %d\n", orphaned, duplicates)
-	})
-
-	It("drains 300 rows of 4 MB with the drainer's peak RSS under 192 MiB, and publishes a row larger than the claim budget alone", func(ctx SpecContext) {
-		table := suite.Migrate(spillway, pool, "e2e_outbox")
-		ch, topo := topology()
-		// md5 text compresses well in Postgres; in the drainer each payload
-		// is its full 4 MiB.
-		_, err := pool.Exec(ctx, "INSERT INTO "+table+` (event_type, payload)
-			SELECT 'order.created', jsonb_build_object('pad', repeat(md5(g::text), 131072)) FROM generate_series(1, 300) g`)
-		Expect(err).NotTo(HaveOccurred())
-		var large string
-		Expect(pool.QueryRow(ctx, "INSERT INTO "+table+` (event_type, payload)
-			VALUES ('order.created', jsonb_build_object('pad', repeat(md5('large'), 393216))) RETURNING id::text`).Scan(&large)).To(Succeed())
-		want := suite.DB{Pool: pool}.IDs(ctx, table, "true")
-		// A consumer keeps the 1.2 GB out of the broker's memory. The broker
-		// writes it all to disk: on a machine shared with the other suites
-		// that takes minutes.
-		const patience = 10 * time.Minute
-		delivered := make(chan []string, 1)
-		go func() {
-			defer GinkgoRecover()
-			missing, duplicates := suite.Undelivered(ch, topo.Queue, want, patience)
-			GinkgoWriter.Printf("duplicates: %d\n", duplicates)
-			delivered <- missing
-		}()
-		d := drain(table, topo.Exchange, "e2e-large", "--metrics-addr", "")
-		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, patience, 100*time.Millisecond).Should(BeZero())
-		peak := peakRSS(d.Command.Process.Pid)
-		GinkgoWriter.Printf("drainer peak RSS: %d MiB\n", peak>>20)
-		Expect(peak).To(BeNumerically("<", 192<<20), "peak RSS of the drainer process")
-		Eventually(delivered, patience).Should(Receive(BeEmpty()), "rows never delivered")
-		Expect(count(ctx, table, fmt.Sprintf("claimed_at = (SELECT claimed_at FROM %s WHERE id = '%s')", table, large))).To(Equal(1),
-			"the 12 MiB row, over the claim's byte budget, was claimed alone")
-	})
-
-	It("serves /healthz, /readyz and /metrics on one port", func(ctx SpecContext) {
-		table := suite.Migrate(spillway, pool, "e2e_outbox")
-		_, topo := topology()
-		suite.DB{Pool: pool}.Seed(ctx, table, 100)
-		addr := suite.FreeAddr()
-		drain(table, topo.Exchange, "e2e-probes", "--metrics-addr", addr)
-		Eventually(func() int { return testenv.Probe(addr, "/healthz") }, 10*time.Second).Should(Equal(200))
-		Eventually(func() int { return testenv.Probe(addr, "/readyz") }, 10*time.Second).Should(Equal(200))
-		Eventually(func() (float64, error) { return testenv.Metric(addr, "spillway_drainer_published_rows_total") }, 30*time.Second).
-			Should(Equal(100.0))
-	})
-
-	It("reads a rotated broker password from its file when the broker connection restarts", func(ctx SpecContext) {
-		table := suite.Migrate(spillway, pool, "e2e_outbox")
-		ch, topo := topology()
-		user := testenv.UniqueName("spillway_rotation")
-		rabbitmqctl("add_user", user, "first-password")
-		DeferCleanup(func() { rabbitmqctl("delete_user", user) })
-		rabbitmqctl("set_permissions", user, ".*", ".*", ".*")
-		file := filepath.Join(GinkgoT().TempDir(), "broker-url")
-		writeURL := func(password string) {
-			Expect(os.WriteFile(file, []byte("amqp://"+user+":"+password+"@127.0.0.1:5672/\n"), 0o600)).To(Succeed())
-		}
-		writeURL("first-password")
-		d := start("drain", "--database-url", testenv.DatabaseURL(), "--broker-url-file", file, "--table", table,
-			"--exchange", topo.Exchange, "--drainer-id", "e2e-rotation", "--poll-interval", "100ms", "--metrics-addr", "")
-		suite.DB{Pool: pool}.Seed(ctx, table, 100)
-		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 30*time.Second).Should(BeZero())
-
-		rabbitmqctl("change_password", user, "second-password")
-		writeURL("second-password")
-		rabbitmqctl("close_all_user_connections", user, "password rotated")
-		suite.DB{Pool: pool}.Seed(ctx, table, 100)
-		Eventually(func() int { return count(ctx, table, "published_at IS NULL") }, 60*time.Second).Should(BeZero())
-		Expect(testenv.QueueDepth(ch, topo.Queue)).To(BeNumerically(">=", 200))
-		// The log reaches the buffer through a pipe, after the rows it
-		// explains may already be published.
-		Eventually(d.Err, 10*time.Second).Should(gbytes.Say("Broker closed the connection"))
-		Eventually(d.Err, 10*time.Second).Should(gbytes.Say("Connected to broker"), "reconnected with the password the old one no longer matches")
-	})
-
-	It("exits non-zero naming the field, the value and the rule for a bad flag", func() {
-		s := start("drain", "--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(), "--batch-size", "0")
-		Eventually(s, 10*time.Second).Should(gexec.Exit(1))
-		Expect(s.Err).To(gbytes.Say("batchSize: Invalid value: 0: must be greater than 0"))
-	})
-
-	It("refuses a zero retention window, which would delete the pending set", func() {
-		s := start("drain", "--database-url", testenv.DatabaseURL(), "--broker-url", testenv.BrokerURL(), "--drainer-id", "x",
-			"--retention-unpublished-max-age", "0s")
-		Eventually(s, 10*time.Second).Should(gexec.Exit(1))
-		Expect(s.Err).To(gbytes.Say(`retention.unpublishedMaxAge: Invalid value: "0s": must be greater than 0`))
-	})
-
-	It("never prints a password from its connection URLs, through database and broker connection failures", func(ctx SpecContext) {
-		table := suite.Migrate(spillway, pool, "e2e_outbox")
-		const sentinel = "Sentinel-7f3a9c"
-		goodDatabase := "postgres://postgres:" + sentinel + "@127.0.0.1:5432/test?sslmode=disable"
-		refusingBroker := start("drain", "--database-url", goodDatabase,
-			"--broker-url", "amqp://guest:"+sentinel+"@127.0.0.1:1/", "--table", table, "--exchange", "amq.topic",
-			"--drainer-id", "e2e-secret-broker", "--metrics-addr", "")
-		wrongPassword := start("drain", "--database-url", goodDatabase,
-			"--broker-url", "amqp://guest:"+sentinel+"@127.0.0.1:5672/", "--table", table, "--exchange", "amq.topic",
-			"--drainer-id", "e2e-secret-auth", "--metrics-addr", "")
-		refusingDatabase := start("drain", "--database-url", "postgres://postgres:"+sentinel+"@127.0.0.1:1/test",
-			"--broker-url", "amqp://guest:"+sentinel+"@127.0.0.1:5672/", "--table", table, "--exchange", "amq.topic",
-			"--drainer-id", "e2e-secret-db", "--metrics-addr", "")
-		Eventually(refusingBroker.Err, 10*time.Second).Should(gbytes.Say("Broker unavailable"))
-		Eventually(wrongPassword.Err, 10*time.Second).Should(gbytes.Say("Broker unavailable"))
-		Eventually(refusingDatabase.Err, 10*time.Second).Should(gbytes.Say("Database unavailable at start"))
-		for _, s := range []*gexec.Session{refusingBroker, wrongPassword, refusingDatabase} {
-			Expect(s.Command.Process.Signal(syscall.SIGTERM)).To(Succeed())
-			Eventually(s, 10*time.Second).Should(gexec.Exit(0))
-			Expect(bytes.Contains(s.Out.Contents(), []byte(sentinel))).To(BeFalse())
-			Expect(bytes.Contains(s.Err.Contents(), []byte(sentinel))).To(BeFalse())
-		}
-	})
-})
+	}
+	return b.String()
+}

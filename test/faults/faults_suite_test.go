@@ -21,11 +21,12 @@ import (
 
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestFaults(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Faults Suite")
+	tier.Run(t, "Faults Suite", Label(tier.Faults))
 }
 
 var (
@@ -125,7 +126,7 @@ func rabbitmqctl(args ...string) string {
 	return strings.TrimSpace(string(out))
 }
 
-var _ = Describe("Faults", Label("faults"), Serial, func() {
+var _ = Describe("Faults", Serial, func() {
 	It("finishes the drain after RabbitMQ is stopped for 20 s, losing no row and counting no attempt", func(ctx SpecContext) {
 		f := newFleet(ctx, midDrainRows)
 		addr := suite.FreeAddr()

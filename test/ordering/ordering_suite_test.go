@@ -20,11 +20,12 @@ import (
 
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestOrdering(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "per-key ordering")
+	tier.Run(t, "Ordering Suite: per-key ordering across processes", Label(tier.Process))
 }
 
 var (
@@ -144,7 +145,7 @@ func flap(ctx context.Context, queue, key, exchange string, period time.Duration
 	}()
 }
 
-var _ = Describe("A fleet ordering per key", Label("e2e"), func() {
+var _ = Describe("A fleet ordering per key", func() {
 	It("delivers every event, the first delivery of each in its key's enqueue order, through nacks, row faults and a SIGKILL", func(ctx SpecContext) {
 		const events, keys = 50_000, 1_000
 		table := suite.Migrate(spillway, pool, "ordered_outbox")

@@ -71,7 +71,7 @@ func lookup(values map[string]any, path []string) (any, bool) {
 	return v, true
 }
 
-var _ = Describe("The Helm chart", Label("e2e"), func() {
+var _ = Describe("The Helm chart", func() {
 	It("passes helm lint --strict with its default values and with every value set", func() {
 		mustRun(helm, "lint", "--strict", chart)
 		mustRun(helm, "lint", "--strict", chart, "--values", allValues)

@@ -12,9 +12,10 @@ import (
 	"github.com/onsi/gomega/gexec"
 
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
-var _ = Describe("make demo-drain", Label("e2e"), func() {
+var _ = Describe("make demo-drain", Label(tier.Process), func() {
 	It("drains its seeded outbox to zero with two drainers, which exit 0 on SIGTERM, and exits 0, leaving nothing behind", func(ctx SpecContext) {
 		demo, err := gexec.Build("github.com/spillway-io/spillway/test/demo")
 		Expect(err).NotTo(HaveOccurred())

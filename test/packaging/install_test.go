@@ -70,7 +70,7 @@ func markAvailable(ctx context.Context, d *appsv1.Deployment) {
 	Expect(k8s.Status().Update(ctx, d)).To(Succeed())
 }
 
-var _ = Describe("The chart installed with helm into a real API server", Ordered, Label("e2e"), func() {
+var _ = Describe("The chart installed with helm into a real API server", Ordered, func() {
 	// config/default's namespace, so that its dry run finds it.
 	const namespace, release = "spillway-system", "spillway"
 	operator := func() *appsv1.Deployment {
@@ -212,7 +212,7 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 	})
 })
 
-var _ = Describe("The chart installed for some namespaces only, with secure metrics", Label("e2e"), func() {
+var _ = Describe("The chart installed for some namespaces only, with secure metrics", func() {
 	It("runs the operator with Roles in the watched namespaces only, and serves /metrics to the ServiceAccount it names", func(ctx SpecContext) {
 		namespace := restrictedNamespace(ctx, testenv.UniqueObjectName("scoped-system"))
 		shop := restrictedNamespace(ctx, testenv.UniqueObjectName("shop"))

@@ -30,11 +30,12 @@ import (
 	"github.com/spillway-io/spillway/test/kubeenv"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
 )
 
 func TestPackaging(t *testing.T) {
 	RegisterFailHandler(Fail)
-	RunSpecs(t, "Packaging Suite")
+	tier.Run(t, "Packaging Suite", Label(tier.Envtest))
 }
 
 const chart = "charts/spillway"

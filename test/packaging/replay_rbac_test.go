@@ -6,7 +6,7 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 )
 
-var _ = Describe("Who may replay poisoned rows", Label("e2e"), func() {
+var _ = Describe("Who may replay poisoned rows", func() {
 	aggregation := []string{"rbac.authorization.k8s.io/aggregate-to-admin", "rbac.authorization.k8s.io/aggregate-to-edit",
 		"rbac.authorization.k8s.io/aggregate-to-view"}
 	aggregatedTo := func(role rbacv1.ClusterRole) []string {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -226,4 +227,27 @@ func (db DB) IDs(ctx context.Context, table, where string, args ...any) []string
 	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	gomega.ExpectWithOffset(1, err).NotTo(gomega.HaveOccurred())
 	return out
+}
+
+// Lazy is a suite's connection to the local Postgres and RabbitMQ, made at
+// the first spec that runs against one of them, so that the suite's unit
+// specs run with neither (make test-unit). Close it in an AfterSuite.
+type Lazy struct {
+	once     sync.Once
+	services testenv.Services
+	err      error
+}
+
+// Connect connects once, and fails the spec if it could not.
+func (l *Lazy) Connect(ctx context.Context) testenv.Services {
+	l.once.Do(func() { l.services, l.err = testenv.Connect(ctx) })
+	gomega.ExpectWithOffset(1, l.err).NotTo(gomega.HaveOccurred())
+	return l.services
+}
+
+// Close closes what Connect opened, if anything.
+func (l *Lazy) Close() {
+	if l.services.DB != nil || l.services.Broker != nil {
+		l.services.Close()
+	}
 }

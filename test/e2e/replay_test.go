@@ -1,4 +1,4 @@
-package fleet
+package e2e
 
 import (
 	"context"
@@ -77,7 +77,7 @@ func outboxReplay(ctx context.Context, name string) *v1alpha1.OutboxReplay {
 	return r
 }
 
-var _ = Describe("Poisoned rows on the local cluster", Ordered, Label("e2e"), func() {
+var _ = Describe("Poisoned rows on the local cluster", Ordered, func() {
 	var (
 		outbox   testenv.Outbox
 		topology testenv.Topology

@@ -1,4 +1,4 @@
-package fleet
+package e2e
 
 import (
 	"os"
@@ -12,7 +12,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 )
 
-var _ = Describe("make demo", Label("e2e"), func() {
+var _ = Describe("make demo", func() {
 	It("runs the journey on a cluster of its own: helm install, the sample fleet drained, a scale-up to 3, and tears it all down", func(ctx SpecContext) {
 		demo, err := gexec.Build("github.com/spillway-io/spillway/test/clusterdemo")
 		Expect(err).NotTo(HaveOccurred())

@@ -1,4 +1,4 @@
-package fleet
+package e2e
 
 import (
 	"context"
@@ -48,7 +48,7 @@ func containerState(ctx context.Context, pod *corev1.Pod) func(Gomega) corev1.Co
 	}
 }
 
-var _ = Describe("The local cluster's node", Label("e2e"), func() {
+var _ = Describe("The local cluster's node", func() {
 	var ns string
 	BeforeEach(func(ctx SpecContext) {
 		ns = testenv.UniqueObjectName("node")

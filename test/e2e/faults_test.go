@@ -1,4 +1,4 @@
-package fleet
+package e2e
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package fleet
+package e2e
 
 import (
 	"encoding/json"
@@ -88,7 +88,7 @@ func (a *arrivals) reordered() int {
 	return n
 }
 
-var _ = Describe("Per-key ordering on the local cluster", Ordered, Label("e2e"), func() {
+var _ = Describe("Per-key ordering on the local cluster", Ordered, func() {
 	const keys, perKey = 2_000, 10
 	var (
 		table  string

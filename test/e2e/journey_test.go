@@ -1,4 +1,4 @@
-package fleet
+package e2e
 
 import (
 	"context"
@@ -115,7 +115,7 @@ type journey struct {
 	faults   faultLog
 }
 
-var _ = Describe("Spillway on the local cluster", Ordered, Label("e2e"), func() {
+var _ = Describe("Spillway on the local cluster", Ordered, func() {
 	env := &journey{}
 
 	BeforeAll(func(ctx SpecContext) {
