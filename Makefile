@@ -14,6 +14,8 @@ CONTROLLER_GEN_VERSION ?= v0.23.0
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_GEN_VERSION)
 HELM_VERSION ?= v3.22.0
 HELM := $(BIN)/helm-$(HELM_VERSION)
+CRD_REF_DOCS_VERSION ?= v0.3.0
+CRD_REF_DOCS := $(BIN)/crd-ref-docs-$(CRD_REF_DOCS_VERSION)
 
 .DEFAULT_GOAL := help
 
@@ -85,15 +87,22 @@ $(CONTROLLER_GEN):
 generate: $(CONTROLLER_GEN) ## Generate the API's deepcopy functions.
 	$(CONTROLLER_GEN) object paths=./api/...
 
+$(CRD_REF_DOCS):
+	GOBIN=$(BIN) $(GO) install github.com/elastic/crd-ref-docs@$(CRD_REF_DOCS_VERSION)
+	mv $(BIN)/crd-ref-docs $@
+
 .PHONY: manifests
-manifests: $(CONTROLLER_GEN) ## Generate the CRD into config/crd/bases and the chart's crds/, and the operator's RBAC into config/rbac.
+manifests: $(CONTROLLER_GEN) $(CRD_REF_DOCS) ## Generate the CRD into config/crd/bases and the chart's crds/, the operator's RBAC into config/rbac, and the API and CLI references into docs/.
 	$(CONTROLLER_GEN) crd rbac:roleName=spillway-operator paths=./api/... paths=./controllers/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac
 	cp config/crd/bases/*.yaml charts/spillway/crds/
+	$(CRD_REF_DOCS) --source-path=./api/v1alpha1 --config=hack/crd-ref-docs.yaml --renderer=markdown \
+		--output-path=docs/api-reference.md --log-level=ERROR
+	$(GO) run ./hack/cli-reference > docs/cli-reference.md
 
 .PHONY: verify-generated
-verify-generated: $(CONTROLLER_GEN) ## Fail when the generated code or manifests are stale.
-	@CONTROLLER_GEN=$(CONTROLLER_GEN) hack/verify-generated.sh
+verify-generated: $(CONTROLLER_GEN) $(CRD_REF_DOCS) ## Fail when the generated code, manifests or references are stale.
+	@CONTROLLER_GEN=$(CONTROLLER_GEN) CRD_REF_DOCS=$(CRD_REF_DOCS) hack/verify-generated.sh
 
 # BENCH_FLAGS passes flags to the benchmark, e.g. BENCH_FLAGS=-sections=claims.
 BENCH_FLAGS ?=

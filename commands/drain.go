@@ -25,8 +25,7 @@ import (
 func ParseDrainFlags(args []string) (cfg drainer.Config, httpAddr string, err error) {
 	cfg = drainer.DefaultConfig()
 	cfg.DrainerID = defaultDrainerID()
-	fs := newFlagSet(&cfg)
-	fs.StringVar(&httpAddr, "metrics-addr", ":8080", "listen address of /metrics, /healthz and /readyz (empty: off)")
+	fs := drainFlags(&cfg, &httpAddr)
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
 	}
@@ -127,8 +126,11 @@ func defaultDrainerID() string {
 	return host
 }
 
-func newFlagSet(cfg *drainer.Config) *flag.FlagSet {
+// drainFlags binds spillway drain's flags to cfg, whose values are the
+// defaults, and to httpAddr.
+func drainFlags(cfg *drainer.Config, httpAddr *string) *flag.FlagSet {
 	fs := flag.NewFlagSet("drain", flag.ContinueOnError)
 	registerDrainFlags(fs, cfg)
+	fs.StringVar(httpAddr, "metrics-addr", ":8080", "listen address of /metrics, /healthz and /readyz (empty: off)")
 	return fs
 }

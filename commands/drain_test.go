@@ -60,7 +60,7 @@ var _ = Describe("spillway drain flags", func() {
 
 	It("binds every setting to the config with the documented defaults", func() {
 		cfg := drainer.DefaultConfig()
-		fs := newFlagSet(&cfg)
+		fs := drainFlags(&cfg, new(string))
 		Expect(fs.Parse([]string{"--columns=id=event_id", "--routing-key-field=type", "--mandatory", "--max-attempts=3"})).To(Succeed())
 		Expect(cfg.Table.Columns.ID).To(Equal("event_id"))
 		Expect(cfg.Table.RoutingKey.PayloadField).To(Equal("type"))
@@ -80,7 +80,7 @@ var _ = Describe("spillway drain flags", func() {
 
 	It("takes secrets as files, retention windows as durations and the message properties by name", func() {
 		cfg := drainer.DefaultConfig()
-		fs := newFlagSet(&cfg)
+		fs := drainFlags(&cfg, new(string))
 		Expect(fs.Parse([]string{"--database-url-file=/var/run/secrets/db/url", "--broker-url-file=/var/run/secrets/amqp/url",
 			"--retention-published=168h", "--retention-unpublished-max-age=720h", "--shutdown-timeout=10s",
 			"--message-properties=compact"})).To(Succeed())
@@ -99,7 +99,7 @@ var _ = Describe("spillway drain flags", func() {
 
 	It("takes a zero published window as deleting each row once published", func() {
 		cfg := drainer.DefaultConfig()
-		Expect(newFlagSet(&cfg).Parse([]string{"--retention-published=0s"})).To(Succeed())
+		Expect(drainFlags(&cfg, new(string)).Parse([]string{"--retention-published=0s"})).To(Succeed())
 		Expect(cfg.Retention.Published).To(HaveValue(BeZero()))
 	})
 })

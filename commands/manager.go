@@ -20,31 +20,46 @@ import (
 	"github.com/spillway-io/spillway/controllers/probe"
 )
 
+// managerOptions are spillway manager's flags.
+type managerOptions struct {
+	metricsAddr, metricsCertDir, probeAddr string
+	metricsSecure, leaderElect             bool
+	leaderElectionNamespace                string
+	image, watchNamespaces, logLevel       string
+	probe                                  probe.Options
+}
+
+// managerFlags binds spillway manager's flags to o.
+func managerFlags(o *managerOptions) *flag.FlagSet {
+	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
+	fs.StringVar(&o.metricsAddr, "metrics-addr", ":8080", "listen address of /metrics (0: off)")
+	fs.BoolVar(&o.metricsSecure, "metrics-secure", false,
+		"serve /metrics over HTTPS, to clients the API server authenticates and authorizes (get on the /metrics non-resource URL)")
+	fs.StringVar(&o.metricsCertDir, "metrics-cert-dir", "", "directory of tls.crt and tls.key for --metrics-secure (default: a self-signed certificate)")
+	fs.StringVar(&o.probeAddr, "health-probe-addr", ":8081", "listen address of /healthz and /readyz")
+	fs.BoolVar(&o.leaderElect, "leader-elect", false, "elect a leader, so that only one of several replicas reconciles")
+	fs.StringVar(&o.leaderElectionNamespace, "leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
+	fs.StringVar(&o.image, "drainer-image", os.Getenv("SPILLWAY_DRAINER_IMAGE"),
+		"image of fleets that name none: the operator's own, so both run the same version (default $SPILLWAY_DRAINER_IMAGE)")
+	fs.StringVar(&o.watchNamespaces, "watch-namespaces", "", "comma-separated namespaces whose OutboxDrainers to reconcile (default: all)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.IntVar(&o.probe.Concurrency, "probe-concurrency", 8, "outboxes read at once; failing ones share a quarter of it on top")
+	fs.DurationVar(&o.probe.Timeout, "probe-timeout", 10*time.Second, "bound of one read of an outbox, and of its statements on the server")
+	fs.IntVar(&o.probe.CountLimit, "probe-count-limit", 1_000_000, "pending rows a read counts at most; beyond it the status says at least")
+	return fs
+}
+
 // ManagerCommand is `spillway manager`: the operator.
 func ManagerCommand(ctx context.Context, args []string) error {
-	fs := flag.NewFlagSet("manager", flag.ContinueOnError)
-	metricsAddr := fs.String("metrics-addr", ":8080", "listen address of /metrics (0: off)")
-	metricsSecure := fs.Bool("metrics-secure", false,
-		"serve /metrics over HTTPS, to clients the API server authenticates and authorizes (get on the /metrics non-resource URL)")
-	metricsCertDir := fs.String("metrics-cert-dir", "", "directory of tls.crt and tls.key for --metrics-secure (default: a self-signed certificate)")
-	probeAddr := fs.String("health-probe-addr", ":8081", "listen address of /healthz and /readyz")
-	leaderElect := fs.Bool("leader-elect", false, "elect a leader, so that only one of several replicas reconciles")
-	leaderElectionNamespace := fs.String("leader-election-namespace", "", "namespace of the leader election lease (default: the pod's)")
-	image := fs.String("drainer-image", os.Getenv("SPILLWAY_DRAINER_IMAGE"),
-		"image of fleets that name none: the operator's own, so both run the same version (default $SPILLWAY_DRAINER_IMAGE)")
-	watchNamespaces := fs.String("watch-namespaces", "", "comma-separated namespaces whose OutboxDrainers to reconcile (default: all)")
-	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
-	var probeOpts probe.Options
-	fs.IntVar(&probeOpts.Concurrency, "probe-concurrency", 8, "outboxes read at once; failing ones share a quarter of it on top")
-	fs.DurationVar(&probeOpts.Timeout, "probe-timeout", 10*time.Second, "bound of one read of an outbox, and of its statements on the server")
-	fs.IntVar(&probeOpts.CountLimit, "probe-count-limit", 1_000_000, "pending rows a read counts at most; beyond it the status says at least")
+	var o managerOptions
+	fs := managerFlags(&o)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *image == "" {
+	if o.image == "" {
 		return errors.New("drainer-image: Required value: set --drainer-image or SPILLWAY_DRAINER_IMAGE to the operator's own image")
 	}
-	level, err := parseLogLevel(*logLevel)
+	level, err := parseLogLevel(o.logLevel)
 	if err != nil {
 		return err
 	}
@@ -58,14 +73,14 @@ func ManagerCommand(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("load kubeconfig: %w", err)
 	}
-	metricsOpts := metricsserver.Options{BindAddress: *metricsAddr}
-	if *metricsSecure {
+	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr}
+	if o.metricsSecure {
 		metricsOpts.SecureServing = true
 		metricsOpts.FilterProvider = filters.WithAuthenticationAndAuthorization
-		metricsOpts.CertDir = *metricsCertDir
+		metricsOpts.CertDir = o.metricsCertDir
 	}
 	var namespaces []string
-	for ns := range strings.SplitSeq(*watchNamespaces, ",") {
+	for ns := range strings.SplitSeq(o.watchNamespaces, ",") {
 		if ns = strings.TrimSpace(ns); ns != "" {
 			namespaces = append(namespaces, ns)
 		}
@@ -74,10 +89,10 @@ func ManagerCommand(ctx context.Context, args []string) error {
 		Scheme:                  scheme,
 		Cache:                   controllers.CacheOptions(namespaces),
 		Metrics:                 metricsOpts,
-		HealthProbeBindAddress:  *probeAddr,
-		LeaderElection:          *leaderElect,
+		HealthProbeBindAddress:  o.probeAddr,
+		LeaderElection:          o.leaderElect,
 		LeaderElectionID:        "operator.spillway.io",
-		LeaderElectionNamespace: *leaderElectionNamespace,
+		LeaderElectionNamespace: o.leaderElectionNamespace,
 		// A new leader starts at once when the old one stops cleanly.
 		LeaderElectionReleaseOnCancel: true,
 	})
@@ -90,7 +105,7 @@ func ManagerCommand(ctx context.Context, args []string) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	if err := controllers.Setup(ctx, mgr, scheme, controllers.Options{Image: *image, Probe: probeOpts}); err != nil {
+	if err := controllers.Setup(ctx, mgr, scheme, controllers.Options{Image: o.image, Probe: o.probe}); err != nil {
 		return err
 	}
 	return mgr.Start(ctx)

@@ -11,13 +11,21 @@ import (
 	"github.com/spillway-io/spillway/secret"
 )
 
+// migrateFlags binds spillway migrate's flags.
+func migrateFlags(database *secret.URLSource, table *outbox.TableSpec, notify *bool) *flag.FlagSet {
+	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
+	registerTableFlags(fs, database, table)
+	fs.BoolVar(notify, "notify", false,
+		"install a statement-level insert trigger that wakes drainers at once (NOTIFY takes a database-wide lock at commit: see docs/outbox-table.md)")
+	return fs
+}
+
 // MigrateCommand is `spillway migrate`.
 func MigrateCommand(ctx context.Context, args []string) error {
 	var database secret.URLSource
 	table := outbox.TableSpec{Name: outbox.DefaultTableName}
-	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	registerTableFlags(fs, &database, &table)
-	notify := fs.Bool("notify", false, "install a statement-level insert trigger that wakes drainers at once (NOTIFY takes a database-wide lock at commit: see README)")
+	notify := new(bool)
+	fs := migrateFlags(&database, &table, notify)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}

@@ -25,12 +25,11 @@ type poisonedOptions struct {
 	Request  outbox.PoisonedRequest
 }
 
-// parsePoisonedFlags reads the flags of one spillway poisoned verb: the
+// poisonedFlags binds the flags of one spillway poisoned verb to o: the
 // table flags of drain and migrate, the selector, and for replay and park
 // --dry-run and --batch-size.
-func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
+func poisonedFlags(verb string, o *poisonedOptions) *flag.FlagSet {
 	fs := flag.NewFlagSet("poisoned "+verb, flag.ContinueOnError)
-	o := poisonedOptions{Table: outbox.TableSpec{Name: outbox.DefaultTableName}, Request: outbox.PoisonedRequest{Action: outbox.PoisonedAction(verb)}}
 	registerTableFlags(fs, &o.Database, &o.Table)
 	sel := &o.Request.Selector
 	fs.IntVar(&o.Request.MaxAttempts, "max-attempts", drainer.DefaultConfig().MaxAttempts, "the fleet's --max-attempts: a row with this many attempts is poisoned")
@@ -44,6 +43,15 @@ func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
 		fs.BoolVar(&o.Request.DryRun, "dry-run", false, "print the rows that would change, and change nothing")
 		fs.IntVar(&o.Request.BatchSize, "batch-size", outbox.DefaultChangeBatch, "rows changed per statement, each its own short transaction")
 	}
+	return fs
+}
+
+// parsePoisonedFlags reads the flags of one spillway poisoned verb: the
+// table flags of drain and migrate, the selector, and for replay and park
+// --dry-run and --batch-size.
+func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
+	o := poisonedOptions{Table: outbox.TableSpec{Name: outbox.DefaultTableName}, Request: outbox.PoisonedRequest{Action: outbox.PoisonedAction(verb)}}
+	fs := poisonedFlags(verb, &o)
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}

@@ -196,9 +196,13 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 		Expect(c.Image).NotTo(Equal("spillway"), "config/default sets the image")
 	})
 
-	It("applies config/samples in a server-side dry run: the OutboxDrainer and the two Secrets it references", func() {
+	It("applies config/samples in a server-side dry run: the OutboxDrainer, the two Secrets it references, and an OutboxReplay of its rows", func() {
 		out := mustRun("kubectl", "apply", "--dry-run=server", "--namespace=default", "-f", "config/samples/")
 		Expect(out).To(ContainSubstring("outboxdrainer.spillway.io/orders created (server dry run)"))
+		Expect(out).To(ContainSubstring("outboxreplay.spillway.io/orders-no-route created (server dry run)"))
+		replay := object[v1alpha1.OutboxReplay](manifestsFile("config/samples/spillway_v1alpha1_outboxreplay.yaml"), "OutboxReplay", "orders-no-route")
+		Expect(replay.Spec.DrainerRef.Name).To(Equal("orders"))
+		Expect(replay.Spec.DryRun).To(BeTrue(), "the sample changes nothing")
 
 		var objs []*unstructured.Unstructured
 		for _, file := range []string{"config/samples/secrets.yaml", "config/samples/spillway_v1alpha1_outboxdrainer.yaml"} {
