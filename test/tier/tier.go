@@ -28,7 +28,6 @@ const (
 	Faults = "faults"
 )
 
-
 // Needs reports whether the current spec runs against any of tiers: a
 // suite connects to a service only for the specs that need it.
 func Needs(tiers ...string) bool {
