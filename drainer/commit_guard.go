@@ -25,7 +25,7 @@ import (
 // Ten commits a second show how long a commit usually takes, not the
 // application's tail: in make bench, with the ceiling at the application's
 // p99 alone, its p99 beside the guarded drain was 1.4–2.4 × that, at 188–
-// 3,132 events/s, against 3.4–4.9 × uncapped (see the README). Used by the
+// 3,132 events/s, against 3.4–4.9 × uncapped (see docs/benchmark.md). Used by the
 // settle goroutine only; the pace reaches the claims through the rate cap's
 // limiter.
 type commitGuard struct {

@@ -1,6 +1,6 @@
 // Package kubeenv starts Kubernetes for tests: envtest's control plane for the
 // controller and packaging suites, and a local cluster whose pods run as
-// processes for the fleet suite and make demo.
+// processes for the end-to-end suite and make demo.
 package kubeenv
 
 import (

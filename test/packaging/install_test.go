@@ -167,7 +167,7 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 		Expect(check(served)).To(ContainSubstring("No resources found"))
 	})
 
-	It("upgrades the CRD that helm installed with the README's kubectl apply --server-side step", func(ctx SpecContext) {
+	It("upgrades the CRD that helm installed with the install guide's kubectl apply --server-side step", func(ctx SpecContext) {
 		// An older CRD, as an earlier release of the chart installed it: one
 		// status field fewer.
 		crd := get(ctx, &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{Name: "outboxdrainers.spillway.io"}})
