@@ -153,7 +153,7 @@ type pendingClaim struct {
 	// woken: the claim followed a notification.
 	woken bool
 	size  int
-	claim outbox.Claim
+	claim outbox.Claimed
 	err   error
 }
 

@@ -58,7 +58,7 @@ type outcome struct {
 // batch is one claim's rows and, once confirmed, their outcomes. After a row
 // is published its payload is dropped: phase 3 needs only its lease.
 type batch struct {
-	claim    outbox.Claim
+	claim    outbox.Claimed
 	outcomes []outcome
 	// settled is closed once phase 3 is done with the batch.
 	settled chan struct{}

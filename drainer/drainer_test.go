@@ -139,12 +139,12 @@ var _ = Describe("Leases", Label(tier.DB, tier.Broker), func() {
 		spec  outbox.TableSpec
 		store *outbox.Store
 	)
-	claim := func(ctx context.Context, id string, n int) outbox.Claim {
+	claim := func(ctx context.Context, id string, n int) outbox.Claimed {
 		c, err := store.Claim(ctx, suite.ClaimParams(id, n))
 		Expect(err).NotTo(HaveOccurred())
 		return c
 	}
-	idsOf := func(c outbox.Claim) []string {
+	idsOf := func(c outbox.Claimed) []string {
 		var out []string
 		for _, r := range c.Rows {
 			out = append(out, r.ID)

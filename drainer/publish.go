@@ -14,7 +14,7 @@ import (
 
 // publish is phase 2 for one batch. Every row enters the pipeline,
 // published or with its outcome already known.
-func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claim) *batch {
+func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claimed) *batch {
 	bt := &batch{claim: c, outcomes: make([]outcome, len(c.Rows)), settled: make(chan struct{})}
 	// Once the channel fails or shutdown starts, the rest of the batch is released.
 	var rest *outcome

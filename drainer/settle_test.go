@@ -11,7 +11,7 @@ import (
 
 var _ = Describe("A settlement", func() {
 	It("keeps last_error short, cut within a character", func() {
-		b := &batch{claim: outbox.Claim{Rows: []outbox.Row{{ID: "1"}}},
+		b := &batch{claim: outbox.Claimed{Rows: []outbox.Row{{ID: "1"}}},
 			outcomes: []outcome{{kind: failed, reason: reasonConnectionFailures, detail: strings.Repeat("é", 3000)}}}
 		st := settlementOf([]*batch{b}, false)
 		Expect(st.Reasons).To(HaveLen(1))

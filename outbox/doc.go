@@ -5,6 +5,10 @@
 // them: a drainer's Store, migrate, the status reads, the changes of
 // poisoned rows, and the operator's Reader.
 //
+// A Table method renders a statement and is named for what it does
+// (Claim, MarkPublished, ReplayPoisoned); the Store method of the same name
+// runs it and returns what it did (a Claimed, a Settled).
+//
 // Words of the domain, as the code uses them:
 //   - due time: available_at. A fresh row is due when enqueued, a row in
 //     backoff when its backoff ends, a claimed row when its lease ends; a

@@ -14,7 +14,7 @@ import (
 )
 
 // seqs returns the aggregate and seq of each claimed row.
-func seqs(ctx context.Context, table string, c outbox.Claim) []string {
+func seqs(ctx context.Context, table string, c outbox.Claimed) []string {
 	var out []string
 	for _, r := range c.Rows {
 		var key string
@@ -98,7 +98,7 @@ var _ = Describe("Per-key ordering", Label(tier.DB), func() {
 	// headInFlight claims key k0's only row as drainer-a, then commits the
 	// key's next row while the head is in flight, as an application's next
 	// event of the aggregate is.
-	headInFlight := func(ctx context.Context) (outbox.TableSpec, *outbox.Store, outbox.Claim) {
+	headInFlight := func(ctx context.Context) (outbox.TableSpec, *outbox.Store, outbox.Claimed) {
 		spec := db.OrderedOutbox(ctx, "")
 		db.SeedKeys(ctx, spec.Name, 1, 1)
 		store, err := outbox.OpenStore(ctx, pool, spec)

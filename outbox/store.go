@@ -29,8 +29,8 @@ type Row struct {
 	place int64
 }
 
-// Claim is what one claim took: its rows, in due order, and its token.
-type Claim struct {
+// Claimed is what one claim took: its rows, in due order, and its token.
+type Claimed struct {
 	Rows []Row
 	// Token is the claim's transaction time, stamped in claimed_at: every
 	// settle of its rows is fenced on it.
@@ -51,15 +51,15 @@ type Claim struct {
 // Full reports whether the claim took all it could, so that more rows are
 // likely due: a full batch, a claim its byte budget cut short, or an ordered
 // claim that read a full batch of due rows, however few were heads.
-func (c Claim) Full(batchSize int) bool {
+func (c Claimed) Full(batchSize int) bool {
 	return len(c.Rows) >= batchSize || (len(c.Rows) > 0 && len(c.Rows) < c.Due) || c.Scanned >= batchSize
 }
 
 // lease is how a settle refers to row i of the claim.
-func (c Claim) Lease(i int) Lease { return Lease{ID: c.Rows[i].ID, Row: c.Rows[i].At, Token: c.Token} }
+func (c Claimed) Lease(i int) Lease { return Lease{ID: c.Rows[i].ID, Row: c.Rows[i].At, Token: c.Token} }
 
 // Leases are the claim's rows as a settle refers to them.
-func (c Claim) Leases() []Lease {
+func (c Claimed) Leases() []Lease {
 	leases := make([]Lease, len(c.Rows))
 	for i := range c.Rows {
 		leases[i] = c.Lease(i)
@@ -84,18 +84,18 @@ func (s *Store) ResetConnections() { s.pool.Reset() }
 
 // Claim runs phase 1: one statement, its own short transaction. The error
 // may come after the claim committed, its result unread: see ReleaseHeld.
-func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
+func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claimed, error) {
 	stmt := s.table.Claim(p)
 	rows, err := s.pool.Query(ctx, stmt.SQL, stmt.Args...)
 	if err != nil {
-		return Claim{}, fmt.Errorf("claim batch: %w", err)
+		return Claimed{}, fmt.Errorf("claim batch: %w", err)
 	}
 	if s.table.Ordered() {
 		return collectOrderedClaim(rows)
 	}
 	c, err := collectClaim(rows)
 	if err != nil {
-		return Claim{}, fmt.Errorf("claim batch: %w", err)
+		return Claimed{}, fmt.Errorf("claim batch: %w", err)
 	}
 	return c, nil
 }
@@ -105,14 +105,14 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claim, error) {
 // which is as many as the claim can hold. A Row and its targets allocated
 // per row, and the slice grown row by row, were a fifth of the drainer's
 // garbage.
-func collectClaim(rows pgx.Rows) (Claim, error) {
+func collectClaim(rows pgx.Rows) (Claimed, error) {
 	defer rows.Close()
-	var c Claim
+	var c Claimed
 	var row Row
 	into := []any{&row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &row.place, &c.Due}
 	for rows.Next() {
 		if err := rows.Scan(into...); err != nil {
-			return Claim{}, err
+			return Claimed{}, err
 		}
 		if c.Rows == nil {
 			c.Rows = make([]Row, 0, max(c.Due, 1))
@@ -133,8 +133,8 @@ func inDueOrder(rows []Row) {
 
 // collectOrderedClaim reads an ordered claim's rows: a row with a NULL id
 // only carries the counts of a claim that took no row.
-func collectOrderedClaim(rows pgx.Rows) (Claim, error) {
-	var c Claim
+func collectOrderedClaim(rows pgx.Rows) (Claimed, error) {
+	var c Claimed
 	var id *string
 	var table *uint32
 	var token, enqueued *time.Time
@@ -150,7 +150,7 @@ func collectOrderedClaim(rows pgx.Rows) (Claim, error) {
 		return nil
 	})
 	if err != nil {
-		return Claim{}, fmt.Errorf("claim batch: %w", err)
+		return Claimed{}, fmt.Errorf("claim batch: %w", err)
 	}
 	inDueOrder(c.Rows)
 	return c, nil
