@@ -56,7 +56,9 @@ func (c Claimed) Full(batchSize int) bool {
 }
 
 // lease is how a settle refers to row i of the claim.
-func (c Claimed) Lease(i int) Lease { return Lease{ID: c.Rows[i].ID, Row: c.Rows[i].At, Token: c.Token} }
+func (c Claimed) Lease(i int) Lease {
+	return Lease{ID: c.Rows[i].ID, Row: c.Rows[i].At, Token: c.Token}
+}
 
 // Leases are the claim's rows as a settle refers to them.
 func (c Claimed) Leases() []Lease {
