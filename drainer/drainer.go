@@ -18,12 +18,6 @@ import (
 	"github.com/spillway-io/spillway/secret"
 )
 
-// The drainer's loop runs in three phases, each in the file named for it:
-// claim.go (phase 1, and the loop that drives the others), publish.go
-// (phase 2: publishing and classifying each confirm; pipeline.go is its
-// window of confirms in flight) and settle.go (phase 3). This file holds
-// the Drainer itself, its start and its shutdown.
-
 // outcomeKind is what phase 3 does with a row.
 type outcomeKind int
 
