@@ -23,8 +23,8 @@
 //     alone; a row with strikesToFail of them breaks the connection and
 //     counts an attempt instead of coming back for ever.
 //   - rate cap: --max-rate, shared by the drainers of a table.
-//   - commit guard: --max-commit-latency, which paces the claims while the
-//     application's commits are slower than the bound.
+//   - commit guard: --max-commit-latency, which paces the drain by how long
+//     a commit on the database takes, timed against the bound.
 //   - shelving: giving spent rows (no attempts left, or parked) a due time
 //     no claim reaches, so that they never stand in front of live rows.
 package drainer
