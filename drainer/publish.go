@@ -16,6 +16,10 @@ import (
 // published or with its outcome already known.
 func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claimed) *batch {
 	bt := &batch{claim: c, outcomes: make([]outcome, len(c.Rows)), settled: make(chan struct{})}
+	// The publish itself must not be cut by shutdown: a half-written frame
+	// would close the channel under the in-flight confirms. The hard stop
+	// cuts the socket instead.
+	publishCtx := context.WithoutCancel(ctx)
 	// Once the channel fails or shutdown starts, the rest of the batch is released.
 	var rest *outcome
 	for i := range bt.claim.Rows {
@@ -65,10 +69,7 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claimed) *b
 			continue
 		}
 		e.publishedAt = time.Now()
-		// The publish itself must not be cut by shutdown: a half-written
-		// frame would close the channel under the in-flight confirms. The
-		// hard stop cuts the socket instead.
-		delivery, err := d.broker.Publish(context.WithoutCancel(ctx), msg)
+		delivery, err := d.broker.Publish(publishCtx, msg)
 		switch {
 		case err == nil:
 			e.delivery, e.sink = delivery, d.broker

@@ -205,20 +205,21 @@ func (b *channel) Prepare(row outbox.Row) (sink.Message, *sink.RowFault) {
 	if fault != nil {
 		return nil, fault
 	}
-	return message{routingKey: key, Publishing: msg}, nil
+	return &message{routingKey: key, Publishing: msg}, nil
 }
 
 // Publish publishes m, held in the socket's cork with the publishes before
 // it until Flush.
 func (b *channel) Publish(ctx context.Context, m sink.Message) (sink.Delivery, error) {
-	msg := m.(message)
+	msg := m.(*message)
 	b.socket.cork()
 	dc, err := b.ch.PublishWithDeferredConfirmWithContext(ctx, b.exchange, msg.routingKey, b.mandatory, false, msg.Publishing)
-	var netErr net.Error
 	switch {
 	case err == nil:
-		return &delivery{confirm: dc, channel: b, id: msg.MessageId}, nil
-	case errors.Is(err, amqp.ErrClosed) || errors.As(err, &netErr):
+		msg.delivery = delivery{confirm: dc, channel: b, id: msg.MessageId}
+		msg.Publishing = amqp.Publishing{}
+		return &msg.delivery, nil
+	case errors.Is(err, amqp.ErrClosed) || isNetError(err):
 		// Closed under it, or the socket failed (the network, or the
 		// hard stop cutting it): not the row's doing.
 		return nil, fmt.Errorf("%w: %w", sink.ErrDown, err)
@@ -227,6 +228,13 @@ func (b *channel) Publish(ctx context.Context, m sink.Message) (sink.Delivery, e
 		// connection: the failure is this row's.
 		return nil, err
 	}
+}
+
+// isNetError is a function of its own so that the target errors.As needs
+// is allocated only when a publish fails, not for every publish.
+func isNetError(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr)
 }
 
 // Flush sends the publishes held since the last flush. A failed write
