@@ -3,8 +3,8 @@
 // its own schedule, with bounded concurrency, and feeds every result back to
 // the reconciler as an event; each read also releases the claims of the
 // fleet's dead drainers. Change carries out an OutboxReplay's change. This
-// is the one place where the operator touches an outbox; every statement it
-// runs is rendered by drainer.Table.
+// is the one place where the operator touches an outbox, and it does so
+// through the table layer's outbox.Reader: no SQL of its own.
 package probe
 
 import (
