@@ -1,9 +1,10 @@
 // Package outbox is Spillway's table layer: the one package that speaks to
 // Postgres. It holds the outbox table's mapping (TableSpec, Columns,
 // resolved against the catalog into a Table), renders every statement the
-// drainers and the operator run (Table's methods, in table*.go), and runs
-// them: a drainer's Store, migrate, the status reads, the changes of
-// poisoned rows, and the operator's Reader.
+// drainers and the operator run (Table's methods, in table*.go; a
+// session's LISTEN and advisory locks in sessions.go; the status read in
+// outbox_status.go), and runs them: a drainer's Store, migrate, the status
+// reads, the changes of poisoned rows, and the operator's Reader.
 //
 // A Table method renders a statement and is named for what it does
 // (Claim, MarkPublished, ReplayPoisoned); the Store method of the same name
