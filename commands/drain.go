@@ -78,8 +78,11 @@ func DrainCommand(ctx context.Context, args []string) error {
 func registerDrainFlags(fs *flag.FlagSet, c *drainer.Config) {
 	registerTableFlags(fs, &c.Database, &c.Table)
 	fs.StringVar(&c.DrainerID, "drainer-id", c.DrainerID, "drainer ID, stamped on claims (default $POD_NAME, then the hostname)")
-	fs.StringVar(&c.Broker.URL, "broker-url", os.Getenv("BROKER_URL"), "AMQP URL of the broker, for local use (default $BROKER_URL)")
-	fs.StringVar(&c.Broker.File, "broker-url-file", "", "file holding the AMQP URL, re-read at every reconnect (a mounted secret)")
+	fs.StringVar(&c.Broker.URL, "broker-url", os.Getenv("BROKER_URL"),
+		"AMQP URL of the broker, or the URLs of a cluster's nodes, comma-separated: a drainer connects to one, and moves to the next when it fails (for local use; default $BROKER_URL)")
+	fs.StringVar(&c.Broker.File, "broker-url-file", "", "file holding the AMQP URL or URLs, re-read at every reconnect (a mounted secret)")
+	registerTLSFlags(fs, "broker", &c.Broker.TLS)
+	fs.BoolVar(&c.Broker.External, "broker-sasl-external", false, "authenticate to the broker with the client certificate (SASL EXTERNAL), not the URL's password")
 	fs.StringVar(&c.Broker.Exchange, "exchange", c.Broker.Exchange, "exchange to publish to (required, unless --mandatory publishes to the default exchange)")
 	fs.BoolVar(&c.Broker.Mandatory, "mandatory", c.Broker.Mandatory, "publish mandatory: an unroutable row counts a failed attempt")
 	fs.BoolVar(&c.Broker.DeclareExchange, "declare-exchange", c.Broker.DeclareExchange, "declare the exchange (durable) on connect")

@@ -12,11 +12,21 @@ import (
 	"github.com/spillway-io/spillway/secret"
 )
 
+// registerTLSFlags binds the certificate files of one connection, named
+// for it: --database-ca-file, --broker-ca-file.
+func registerTLSFlags(fs *flag.FlagSet, conn string, files *secret.TLSFiles) {
+	fs.StringVar(&files.CAFile, conn+"-ca-file", "",
+		"file holding the CA that signs the "+conn+"'s certificate: TLS, verifying the server's certificate and its name (a mounted secret)")
+	fs.StringVar(&files.CertFile, conn+"-cert-file", "", "file holding the client certificate presented to the "+conn+", with --"+conn+"-key-file")
+	fs.StringVar(&files.KeyFile, conn+"-key-file", "", "file holding the client certificate's private key")
+}
+
 // registerTableFlags binds the flags that name the outbox, its database and
 // its mapping, which drain, migrate and poisoned share.
 func registerTableFlags(fs *flag.FlagSet, database *secret.URLSource, table *outbox.TableSpec) {
 	fs.StringVar(&database.URL, "database-url", os.Getenv("DATABASE_URL"), "outbox database URL, for local use (default $DATABASE_URL)")
 	fs.StringVar(&database.File, "database-url-file", "", "file holding the database URL, re-read at every connect (a mounted secret)")
+	registerTLSFlags(fs, "database", &database.TLS)
 	fs.StringVar(&table.Name, "table", table.Name, "outbox table, as schema.table")
 	fs.Var(columnsFlag{&table.Columns}, "columns",
 		"column mapping logical=physical, comma-separated; logical names: "+strings.Join(outbox.ColumnFlagNames(), ", "))

@@ -113,6 +113,7 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		Database:    od.Spec.Database,
 		Ordering:    od.Spec.Ordering,
 		Broker:      od.Spec.Broker.URLSecretRef,
+		BrokerTLS:   resource.BrokerTLS(od.Spec.Broker),
 		MaxAttempts: int(od.Spec.MaxAttempts),
 		Interval:    od.Spec.StatusInterval.Duration,
 		LeaseTTL:    od.Spec.LeaseTTL.Duration,
@@ -386,7 +387,7 @@ func conflictWith(kind string, live *metav1.ObjectMeta) *status.Conflict {
 func (r *OutboxDrainerReconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	err := mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.OutboxDrainer{}, secretNameIndex, func(o client.Object) []string {
 		od := o.(*v1alpha1.OutboxDrainer)
-		return []string{od.Spec.Database.URLSecretRef.Name, od.Spec.Broker.URLSecretRef.Name}
+		return resource.SecretNames(od.Spec)
 	})
 	if err != nil {
 		return fmt.Errorf("index OutboxDrainers by Secret: %w", err)

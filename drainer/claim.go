@@ -225,11 +225,12 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 		d.broker.Close()
 		d.broker = nil
 		d.current.Store(nil)
+		d.brokerChanged()
 	}
 	// The dial reads the URL file afresh.
 	d.rotateBroker.Store(false)
 	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (sink.Sink, error) {
-		return d.dialer.Dial(hardStop, d.poke)
+		return d.dialer.Dial(hardStop, d.brokerChanged)
 	}, d.liveness.beat)
 	if err != nil {
 		return err
@@ -237,6 +238,7 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	d.log.Info("Connected to broker", "to", d.dialer.Where())
 	d.broker = b
 	d.current.Store(&openSink{b})
+	d.brokerChanged()
 	return nil
 }
 

@@ -66,6 +66,16 @@ var _ = Describe("Config validation", func() {
 			`wakeCoalesce: Invalid value: "1s": must be 0 (claim at once) or positive and shorter than pollInterval 1s`),
 		Entry("message properties neither full nor compact", func(c *Config) { c.Broker.MessageProperties = "lean" },
 			`broker.messageProperties: Unsupported value: "lean": supported values: "full", "compact"`),
+		Entry("a broker URL of a list that is not AMQP, shown without its password", func(c *Config) {
+			c.Broker.URL = "amqp://u:hunter22@a:5672/,http://u:hunter22@b/"
+		}, `broker.url: Invalid value: "http://u:xxxxx@b/": each of the comma-separated broker URLs must be an amqp:// or amqps:// URL`),
+		Entry("a client certificate without its key", func(c *Config) { c.Broker.TLS = secret.TLSFiles{CAFile: "ca", CertFile: "crt"} },
+			`broker.tls.keyFile: Invalid value: "": set --broker-cert-file and --broker-key-file together`),
+		Entry("a client certificate without a CA", func(c *Config) {
+			c.Database.TLS = secret.TLSFiles{CertFile: "crt", KeyFile: "key"}
+		}, `database.tls.caFile: Required value: --database-ca-file`),
+		Entry("SASL EXTERNAL without a client certificate", func(c *Config) { c.Broker.External = true },
+			`broker.external: Invalid value: true: SASL EXTERNAL authenticates with the client certificate`),
 		Entry("a zero shutdown timeout", func(c *Config) { c.ShutdownTimeout = 0 }, `shutdownTimeout: Invalid value: "0s": must be greater than 0`),
 		Entry("the default exchange without mandatory, which drops unroutable rows and marks them published",
 			func(c *Config) { c.Broker.Exchange, c.Broker.Mandatory = "", false },

@@ -139,6 +139,22 @@ func (d *Drainer) poke() {
 	}
 }
 
+// brokerChanged follows the broker connection into the metrics, and wakes
+// the claim loop: the connection failed, or was blocked or unblocked.
+func (d *Drainer) brokerChanged() {
+	b := d.current.Load()
+	d.metrics.BrokerConnected.Set(boolGauge(b != nil && b.Healthy()))
+	d.metrics.BrokerBlocked.Set(boolGauge(b != nil && b.Blocked()))
+	d.poke()
+}
+
+func boolGauge(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // Run drains until ctx ends. Then it stops claiming, waits for the confirms
 // in flight, settles them, releases the rest, and returns within the
 // shutdown timeout. The next claim and the settles run beside the

@@ -20,12 +20,15 @@ type Metrics struct {
 	InFlight       prometheus.Gauge
 	LastPublish    prometheus.Gauge
 	Listening      prometheus.Gauge
-	RateShare      prometheus.Gauge
-	CommitLatency  prometheus.Histogram
-	CommitPace     prometheus.Gauge
-	CommitPaceCuts prometheus.Counter
-	Pruned         *prometheus.CounterVec
-	Shelved        prometheus.Counter
+	// BrokerConnected and BrokerBlocked follow the broker connection.
+	BrokerConnected prometheus.Gauge
+	BrokerBlocked   prometheus.Gauge
+	RateShare       prometheus.Gauge
+	CommitLatency   prometheus.Histogram
+	CommitPace      prometheus.Gauge
+	CommitPaceCuts  prometheus.Counter
+	Pruned          *prometheus.CounterVec
+	Shelved         prometheus.Counter
 	// StatementErrors and StatementFailing watch the claims and settles
 	// whose refusals make the drainer unready (see refusals).
 	StatementErrors  *prometheus.CounterVec
@@ -56,6 +59,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LastPublish: prometheus.NewGauge(prometheus.GaugeOpts(opts("last_publish_timestamp_seconds", "Unix time of the last confirmed publish."))),
 		Listening: prometheus.NewGauge(prometheus.GaugeOpts(opts("listening",
 			"1 while a LISTEN session on the table's notify channel is up and inserts wake the drainer at once; 0 while it relies on the poll."))),
+		BrokerConnected: prometheus.NewGauge(prometheus.GaugeOpts(opts("broker_connected",
+			"1 while the drainer holds an open connection to the broker (to one of its URLs); 0 while it reconnects."))),
+		BrokerBlocked: prometheus.NewGauge(prometheus.GaugeOpts(opts("broker_blocked",
+			"1 while the broker blocks publishing on the drainer's connection (a memory or disk alarm anywhere in its cluster): claiming is paused, so no lease expires under it."))),
 		RateShare: prometheus.NewGauge(prometheus.GaugeOpts(opts("rate_share_events_per_second",
 			"This drainer's share of --max-rate: the cap divided among the drainers running on the table (0 without a cap)."))),
 		CommitLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
@@ -75,7 +82,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			"1 while a statement (claim, settle) has been refused by the database 3 times in a row, which makes the drainer unready, with the SQLSTATE of the last refusal.")), []string{"statement", "sqlstate"}),
 	}
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
-		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.RateShare,
+		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.BrokerConnected, m.BrokerBlocked, m.RateShare,
 		m.CommitLatency, m.CommitPace, m.CommitPaceCuts, m.Pruned, m.Shelved,
 		m.StatementErrors, m.StatementFailing)
 	return m

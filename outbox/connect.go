@@ -2,10 +2,12 @@ package outbox
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -21,7 +23,7 @@ func ConnectPool(ctx context.Context, src secret.URLSource, drainerID string, sy
 	if err != nil {
 		return nil, err
 	}
-	cfg, err := parsePoolConfig(url)
+	cfg, err := parsePoolConfig(url, src.TLS)
 	if err != nil {
 		return nil, err
 	}
@@ -52,7 +54,7 @@ func ConnectPool(ctx context.Context, src secret.URLSource, drainerID string, sy
 			if err != nil {
 				return err
 			}
-			fresh, err := parsePoolConfig(url)
+			fresh, err := parsePoolConfig(url, src.TLS)
 			if err != nil {
 				return err
 			}
@@ -70,13 +72,52 @@ func ConnectPool(ctx context.Context, src secret.URLSource, drainerID string, sy
 	return pool, nil
 }
 
-func parsePoolConfig(url string) (*pgxpool.Config, error) {
+func parsePoolConfig(url string, files secret.TLSFiles) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		// pgx's parse errors can quote the URL, password included.
 		return nil, fmt.Errorf("parse database URL: invalid connection string (%s)", secret.RedactURL(url))
 	}
+	if files.Enabled() {
+		if err := verifyFull(&cfg.ConnConfig.Config, files); err != nil {
+			return nil, fmt.Errorf("database TLS: %w", err)
+		}
+	}
 	return cfg, nil
+}
+
+// verifyFull makes every host of cc (a multi-host URL's too) connect over
+// TLS with files, verifying the server's certificate and its name, as
+// sslmode=verify-full does; the URL's own sslmode and files give way. A
+// host's second try without TLS (sslmode=prefer's) is dropped, and a Unix socket,
+// over which Postgres speaks no TLS, keeps none.
+func verifyFull(cc *pgconn.Config, files secret.TLSFiles) error {
+	var err error
+	if cc.TLSConfig, err = hostTLS(cc.Host, files); err != nil {
+		return err
+	}
+	fallbacks := cc.Fallbacks[:0]
+	seen := map[string]bool{fmt.Sprintf("%s:%d", cc.Host, cc.Port): true}
+	for _, fb := range cc.Fallbacks {
+		key := fmt.Sprintf("%s:%d", fb.Host, fb.Port)
+		if seen[key] {
+			continue
+		}
+		seen[key] = true
+		if fb.TLSConfig, err = hostTLS(fb.Host, files); err != nil {
+			return err
+		}
+		fallbacks = append(fallbacks, fb)
+	}
+	cc.Fallbacks = fallbacks
+	return nil
+}
+
+func hostTLS(host string, files secret.TLSFiles) (*tls.Config, error) {
+	if strings.HasPrefix(host, "/") {
+		return nil, nil
+	}
+	return files.Config(host)
 }
 
 // Catalog reads the live columns of the spec's table; none means no table.

@@ -19,8 +19,21 @@ import (
 var dsnPassword = regexp.MustCompile(`(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
 // RedactURL returns a connection string fit for a log line: a URL's password,
-// or a key/value DSN's password=, is replaced by "xxxxx".
+// or a key/value DSN's password=, is replaced by "xxxxx". A comma-separated
+// list of URLs is shown URL by URL.
 func RedactURL(raw string) string {
+	if urls := Endpoints(raw); len(urls) > 1 && strings.Contains(raw, "://") {
+		shown := make([]string, len(urls))
+		for i, one := range urls {
+			u, err := url.Parse(one)
+			if err != nil || u.Scheme == "" || u.Host == "" {
+				// A comma inside a password splits it: show none of it.
+				return unparseable
+			}
+			shown[i] = u.Redacted()
+		}
+		return strings.Join(shown, ",")
+	}
 	if u, err := url.Parse(raw); err == nil && u.Scheme != "" && u.Host != "" {
 		return u.Redacted()
 	}
@@ -29,10 +42,12 @@ func RedactURL(raw string) string {
 	}
 	if _, err := url.Parse(raw); err != nil {
 		// Unparseable: there is no telling where the password is.
-		return "(unparseable connection string)"
+		return unparseable
 	}
 	return raw
 }
+
+const unparseable = "(unparseable connection string)"
 
 // URLSource is a connection URL given inline, for local use, or as the path
 // of a mounted secret file. The file is read at every connect, so a rotated
@@ -40,6 +55,21 @@ func RedactURL(raw string) string {
 type URLSource struct {
 	URL  string
 	File string
+	// TLS is the certificates the connection verifies the server with, and
+	// presents, if any.
+	TLS TLSFiles
+}
+
+// Endpoints splits a list of URLs, comma-separated as the Java and .NET
+// AMQP clients take an address list, into its URLs.
+func Endpoints(raw string) []string {
+	var urls []string
+	for _, u := range strings.Split(raw, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			urls = append(urls, u)
+		}
+	}
+	return urls
 }
 
 // Read returns the URL. An error names the file, never its content.
@@ -58,28 +88,36 @@ func (s URLSource) Read() (string, error) {
 	return url, nil
 }
 
-// Validate requires exactly one of the URL and the file.
+// Validate requires exactly one of the URL and the file, and checks the
+// TLS files; path names the connection as its flags do (database, broker).
 func (s URLSource) Validate(path *field.Path, what string) field.ErrorList {
+	errs := s.TLS.Validate(path.Child("tls"), path.String())
 	switch {
 	case s.URL == "" && s.File == "":
-		return field.ErrorList{field.Required(path.Child("url"), what+": set the URL or the path of a file holding it")}
+		errs = append(errs, field.Required(path.Child("url"), what+": set the URL or the path of a file holding it"))
 	case s.URL != "" && s.File != "":
-		return field.ErrorList{field.Invalid(path.Child("urlFile"), s.File, "set the URL or the file, not both")}
+		errs = append(errs, field.Invalid(path.Child("urlFile"), s.File, "set the URL or the file, not both"))
 	}
-	return nil
+	return errs
 }
 
-// RedactError removes a URL's password from an error that quotes the URL,
-// as net/url's parse errors do.
+// RedactError removes a URL's password (each URL's, of a list) from an
+// error that quotes the URL, as net/url's parse errors do.
 func RedactError(err error, rawURL string) error {
-	u, perr := url.Parse(rawURL)
-	if perr != nil {
-		return errors.New("invalid URL (not shown: it may contain a password)")
+	text := err.Error()
+	for _, one := range append([]string{rawURL}, Endpoints(rawURL)...) {
+		u, perr := url.Parse(one)
+		if perr != nil {
+			return errors.New("invalid URL (not shown: it may contain a password)")
+		}
+		if pw, ok := u.User.Password(); ok && pw != "" {
+			text = strings.ReplaceAll(text, pw, "xxxxx")
+		}
 	}
-	if pw, ok := u.User.Password(); ok && pw != "" && strings.Contains(err.Error(), pw) {
-		return errors.New(strings.ReplaceAll(err.Error(), pw, "xxxxx"))
+	if text == err.Error() {
+		return err // keep its chain
 	}
-	return err
+	return errors.New(text)
 }
 
 // MaxShown is how much of an error Scrub keeps: enough to tell causes
@@ -103,7 +141,7 @@ var (
 // behind. Control characters and runs of blanks become one space.
 func Scrub(text string, secrets ...string) string {
 	text = strings.ToValidUTF8(text, "?")
-	for _, s := range secrets {
+	for _, s := range withEndpoints(secrets) {
 		if len(s) >= 4 {
 			text = strings.ReplaceAll(text, s, "xxxxx")
 		}
@@ -118,6 +156,17 @@ func Scrub(text string, secrets ...string) string {
 	text = bearer.ReplaceAllString(text, "${1}xxxxx")
 	text = strings.TrimSpace(whitespace.ReplaceAllString(text, " "))
 	return Truncate(text, MaxShown)
+}
+
+// withEndpoints adds each URL of a list among secrets to them.
+func withEndpoints(secrets []string) []string {
+	all := append([]string(nil), secrets...)
+	for _, s := range secrets {
+		if urls := Endpoints(s); len(urls) > 1 {
+			all = append(all, urls...)
+		}
+	}
+	return all
 }
 
 // Truncate cuts s to at most n bytes and marks the cut, never inside a

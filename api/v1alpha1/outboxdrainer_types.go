@@ -111,11 +111,44 @@ type DatabaseSpec struct {
 	// RoutingKey says where a row's routing key comes from.
 	// +optional
 	RoutingKey RoutingKey `json:"routingKey,omitzero"`
+	// TLS connects over TLS with the certificates of a Secret, verifying the
+	// server's certificate and its name (sslmode=verify-full), whatever the
+	// URL's sslmode says.
+	// +optional
+	TLS *TLS `json:"tls,omitempty"`
 	// SynchronousCommit makes drainer commits wait for the WAL flush. Off, the
 	// application's commits do not queue behind the drainer's; a claim or
 	// mark lost in a crash only causes a duplicate.
 	// +optional
 	SynchronousCommit bool `json:"synchronousCommit,omitempty"`
+}
+
+// TLS is a connection's certificates: a Secret in the fleet's namespace,
+// mounted into the drainers, holding ca.crt, the CA that signs the server's
+// certificate, and for a client certificate tls.crt and tls.key (the layout
+// cert-manager writes). The drainers read them at every connect, so a
+// rotated Secret takes effect at the next reconnect.
+type TLS struct {
+	// SecretName is the Secret holding the certificates.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +required
+	SecretName string `json:"secretName"`
+	// ClientCertificate presents tls.crt and tls.key to the server.
+	// +optional
+	ClientCertificate bool `json:"clientCertificate,omitempty"`
+}
+
+// BrokerTLS is the broker's TLS.
+//
+// +kubebuilder:validation:XValidation:rule="!has(self.external) || !self.external || (has(self.clientCertificate) && self.clientCertificate)",fieldPath=".external",reason="FieldValueInvalid",message="external authenticates with the client certificate: set clientCertificate"
+type BrokerTLS struct {
+	TLS `json:",inline"`
+	// External authenticates with the client certificate (SASL EXTERNAL:
+	// RabbitMQ's rabbitmq_auth_mechanism_ssl plugin) instead of the URL's
+	// user and password.
+	// +optional
+	External bool `json:"external,omitempty"`
 }
 
 // BrokerSpec is where rows are published. The default exchange drops a
@@ -125,9 +158,15 @@ type DatabaseSpec struct {
 //
 // +kubebuilder:validation:XValidation:rule="(has(self.exchange) && size(self.exchange) > 0) || (has(self.mandatory) && self.mandatory)",fieldPath=".exchange",reason="FieldValueInvalid",message="set an exchange, or broker.mandatory to publish to the default exchange: there a row whose routing key names no queue is dropped, and would be marked published"
 type BrokerSpec struct {
-	// URLSecretRef is the key of a Secret holding the AMQP URL.
+	// URLSecretRef is the key of a Secret holding the AMQP URL, or the URLs
+	// of a cluster's nodes, comma-separated: each drainer connects to one,
+	// and moves to the next when it fails.
 	// +required
 	URLSecretRef SecretKeyRef `json:"urlSecretRef"`
+	// TLS is the certificates of amqps:// URLs: the server's certificate
+	// and its name are always verified.
+	// +optional
+	TLS *BrokerTLS `json:"tls,omitempty"`
 	// Exchange to publish to; empty is the default exchange, which needs
 	// mandatory.
 	// +kubebuilder:validation:MaxLength=255

@@ -40,6 +40,9 @@ type Target struct {
 	// counts; nil without.
 	Ordering *v1alpha1.Ordering
 	Broker   v1alpha1.SecretKeyRef
+	// BrokerTLS is the broker's certificates, whose Secret the drainers
+	// mount; nil without TLS.
+	BrokerTLS *v1alpha1.TLS
 	// MaxAttempts is the fleet's poison threshold.
 	MaxAttempts int
 	Interval    time.Duration
@@ -65,7 +68,8 @@ func (t Target) same(o Target) bool {
 	return t.Key == o.Key && t.UID == o.UID && t.Generation == o.Generation && t.Broker == o.Broker && t.MaxAttempts == o.MaxAttempts &&
 		t.Interval == o.Interval && t.Database.URLSecretRef == o.Database.URLSecretRef && t.Database.Table == o.Database.Table &&
 		t.Database.Columns == o.Database.Columns && t.Database.RoutingKey == o.Database.RoutingKey &&
-		t.LeaseTTL == o.LeaseTTL && slices.Equal(t.Dead, o.Dead) && equality.Semantic.DeepEqual(t.Ordering, o.Ordering)
+		t.LeaseTTL == o.LeaseTTL && slices.Equal(t.Dead, o.Dead) && equality.Semantic.DeepEqual(t.Ordering, o.Ordering) &&
+		equality.Semantic.DeepEqual(t.Database.TLS, o.Database.TLS) && equality.Semantic.DeepEqual(t.BrokerTLS, o.BrokerTLS)
 }
 
 // Result is one read of a fleet's Secrets and outbox.

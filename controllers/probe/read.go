@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -38,12 +39,39 @@ func (p *Prober) readOutbox(ctx context.Context, t Target) (status.Probe, string
 	if missing != "" {
 		probe.MissingSecrets = append(probe.MissingSecrets, missing)
 	}
+	tlsMissing, err := p.missingTLSKeys(ctx, t)
+	if err != nil {
+		return probe, "", err
+	}
+	probe.MissingSecrets = append(probe.MissingSecrets, tlsMissing...)
 	if databaseURL == "" {
 		probe.Reason, probe.Message = v1alpha1.ReasonSecretNotFound, probe.MissingSecrets[0]
 		return probe, "", nil
 	}
 	probe.Reason, probe.Message, probe.Outbox = p.queryOutbox(ctx, t, databaseURL, brokerURL)
 	return probe, databaseURL, nil
+}
+
+// missingTLSKeys describes the keys of the fleet's TLS Secrets that the
+// drainers need and do not find: without them, no drainer pod starts.
+func (p *Prober) missingTLSKeys(ctx context.Context, t Target) ([]string, error) {
+	var missing []string
+	for what, tls := range map[string]*v1alpha1.TLS{"database TLS": t.Database.TLS, "broker TLS": t.BrokerTLS} {
+		if tls == nil {
+			continue
+		}
+		for _, key := range resource.TLSKeys(tls) {
+			_, m, err := p.secretValue(ctx, t.Key.Namespace, what, key)
+			if err != nil {
+				return nil, err
+			}
+			if m != "" {
+				missing = append(missing, m)
+			}
+		}
+	}
+	slices.Sort(missing)
+	return missing, nil
 }
 
 // secretValue reads one key of a Secret. missing describes a Secret or key

@@ -115,15 +115,9 @@ func (b *DeploymentBuilder) spec() appsv1.DeploymentSpec {
 						RunAsNonRoot:             ptr.To(true),
 						Capabilities:             &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
 					},
-					VolumeMounts: append([]corev1.VolumeMount{
-						{Name: "database-url", MountPath: DatabaseURLDir, ReadOnly: true},
-						{Name: "broker-url", MountPath: BrokerURLDir, ReadOnly: true},
-					}, overlay.VolumeMounts...),
+					VolumeMounts: append(secretMounts(od.Spec), overlay.VolumeMounts...),
 				}},
-				Volumes: append([]corev1.Volume{
-					secretVolume("database-url", od.Spec.Database.URLSecretRef),
-					secretVolume("broker-url", od.Spec.Broker.URLSecretRef),
-				}, overlay.Volumes...),
+				Volumes: append(secretVolumes(od.Spec), overlay.Volumes...),
 			},
 		},
 	}
@@ -176,12 +170,61 @@ func httpProbe(path string, periodSeconds, failureThreshold int32) *corev1.Probe
 // secretVolume mounts only the referenced key, as a file named url, readable
 // by the drainer's group alone.
 func secretVolume(name string, ref v1alpha1.SecretKeyRef) corev1.Volume {
+	v := tlsVolume(name, ref.Name)
+	v.Secret.Items = []corev1.KeyToPath{{Key: ref.Key, Path: urlFile}}
+	return v
+}
+
+// tlsVolume mounts a whole Secret, read-only to the drainer's group.
+func tlsVolume(name, secretName string) corev1.Volume {
 	return corev1.Volume{
 		Name: name,
 		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-			SecretName:  ref.Name,
-			Items:       []corev1.KeyToPath{{Key: ref.Key, Path: urlFile}},
+			SecretName:  secretName,
 			DefaultMode: ptr.To(int32(0o440)),
 		}},
 	}
+}
+
+// secretVolumes are the Secrets a drainer reads: the two URLs, and the
+// certificates of each connection with TLS.
+func secretVolumes(s v1alpha1.OutboxDrainerSpec) []corev1.Volume {
+	vols := []corev1.Volume{
+		secretVolume("database-url", s.Database.URLSecretRef),
+		secretVolume("broker-url", s.Broker.URLSecretRef),
+	}
+	if t := s.Database.TLS; t != nil {
+		vols = append(vols, tlsVolume("database-tls", t.SecretName))
+	}
+	if t := BrokerTLS(s.Broker); t != nil {
+		vols = append(vols, tlsVolume("broker-tls", t.SecretName))
+	}
+	return vols
+}
+
+// SecretNames are the Secrets a fleet's drainers mount.
+func SecretNames(s v1alpha1.OutboxDrainerSpec) []string {
+	names := []string{s.Database.URLSecretRef.Name, s.Broker.URLSecretRef.Name}
+	if t := s.Database.TLS; t != nil {
+		names = append(names, t.SecretName)
+	}
+	if t := BrokerTLS(s.Broker); t != nil {
+		names = append(names, t.SecretName)
+	}
+	return names
+}
+
+// secretMounts mount secretVolumes where the drainer's flags point.
+func secretMounts(s v1alpha1.OutboxDrainerSpec) []corev1.VolumeMount {
+	mounts := []corev1.VolumeMount{
+		{Name: "database-url", MountPath: DatabaseURLDir, ReadOnly: true},
+		{Name: "broker-url", MountPath: BrokerURLDir, ReadOnly: true},
+	}
+	if s.Database.TLS != nil {
+		mounts = append(mounts, corev1.VolumeMount{Name: "database-tls", MountPath: DatabaseTLSDir, ReadOnly: true})
+	}
+	if s.Broker.TLS != nil {
+		mounts = append(mounts, corev1.VolumeMount{Name: "broker-tls", MountPath: BrokerTLSDir, ReadOnly: true})
+	}
+	return mounts
 }

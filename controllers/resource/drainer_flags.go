@@ -18,7 +18,44 @@ const (
 	DatabaseURLDir = "/var/run/secrets/spillway/database"
 	BrokerURLDir   = "/var/run/secrets/spillway/broker"
 	urlFile        = "url"
+	// The TLS Secrets are mounted whole, with the key names cert-manager
+	// writes.
+	DatabaseTLSDir = "/var/run/secrets/spillway/database-tls"
+	BrokerTLSDir   = "/var/run/secrets/spillway/broker-tls"
+	caFile         = "ca.crt"
+	certFile       = "tls.crt"
+	keyFile        = "tls.key"
 )
+
+// TLSKeys are the keys of a TLS Secret that the drainers read.
+func TLSKeys(t *v1alpha1.TLS) []v1alpha1.SecretKeyRef {
+	keys := []v1alpha1.SecretKeyRef{{Name: t.SecretName, Key: caFile}}
+	if t.ClientCertificate {
+		keys = append(keys, v1alpha1.SecretKeyRef{Name: t.SecretName, Key: certFile}, v1alpha1.SecretKeyRef{Name: t.SecretName, Key: keyFile})
+	}
+	return keys
+}
+
+// tlsArgs are the certificate flags of one connection (database, broker)
+// whose Secret is mounted at dir, or none without TLS.
+func tlsArgs(conn, dir string, t *v1alpha1.TLS) []string {
+	if t == nil {
+		return nil
+	}
+	args := []string{"--" + conn + "-ca-file=" + path.Join(dir, caFile)}
+	if t.ClientCertificate {
+		args = append(args, "--"+conn+"-cert-file="+path.Join(dir, certFile), "--"+conn+"-key-file="+path.Join(dir, keyFile))
+	}
+	return args
+}
+
+// brokerTLS is the broker's certificates, or nil.
+func BrokerTLS(b v1alpha1.BrokerSpec) *v1alpha1.TLS {
+	if b.TLS == nil {
+		return nil
+	}
+	return &b.TLS.TLS
+}
 
 // columnMapping pairs each logical column, named as in --columns, with the
 // spec's name for it; "" keeps the canonical name.
@@ -99,6 +136,13 @@ func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
 		"--database-url-file="+path.Join(DatabaseURLDir, urlFile),
 		"--synchronous-commit="+strconv.FormatBool(s.Database.SynchronousCommit),
 		"--broker-url-file="+path.Join(BrokerURLDir, urlFile),
+	)
+	args = append(args, tlsArgs("database", DatabaseTLSDir, s.Database.TLS)...)
+	args = append(args, tlsArgs("broker", BrokerTLSDir, BrokerTLS(s.Broker))...)
+	if s.Broker.TLS != nil && s.Broker.TLS.External {
+		args = append(args, "--broker-sasl-external")
+	}
+	args = append(args,
 		"--exchange="+s.Broker.Exchange,
 		"--exchange-type="+s.Broker.ExchangeType,
 		"--declare-exchange="+strconv.FormatBool(s.Broker.DeclareExchange),

@@ -60,37 +60,34 @@ type channel struct {
 	socket *corkedConn
 }
 
-// dialBroker connects, enables confirms, and checks (or declares) the
-// exchange before anything is claimed, so a missing exchange costs no claims.
-// The URL is read afresh, so a rotated password file takes effect here.
-// changed is called when the connection closes or is blocked or unblocked.
-// Once hardStop ends, every read and write of the connection's socket fails
-// at once, so nothing on it, not even a write blocked on a full socket,
-// outlives the shutdown.
-func dial(hardStop context.Context, cfg Config, drainerID string, depth int, shape messageShape, limits messageLimits,
+// dial connects to one endpoint of the broker, enables confirms, and checks
+// (or declares) the exchange before anything is claimed, so a missing
+// exchange costs no claims. changed is called when the connection closes
+// or is blocked or unblocked. Once hardStop ends, every read and write of
+// the connection's socket fails at once, so nothing on it, not even a write
+// blocked on a full socket, outlives the shutdown.
+func dial(hardStop context.Context, cfg Config, url, drainerID string, depth int, shape messageShape, limits messageLimits,
 	log *slog.Logger, changed func()) (*channel, error) {
-	url, err := cfg.Read()
+	amqpCfg, err := connectionConfig(cfg, url, drainerID)
 	if err != nil {
 		return nil, err
 	}
 	var unhook func() bool
 	var socket *corkedConn
-	conn, err := amqp.DialConfig(url, amqp.Config{
-		Properties: amqp.Table{"connection_name": "spillway-drainer/" + drainerID},
-		Dial: func(network, addr string) (net.Conn, error) {
-			c, err := (&net.Dialer{Timeout: dialTimeout}).DialContext(hardStop, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			// The handshake's deadline; amqp091 clears it once open.
-			if err := c.SetDeadline(time.Now().Add(dialTimeout)); err != nil {
-				return nil, err
-			}
-			unhook = context.AfterFunc(hardStop, func() { _ = c.SetDeadline(time.Now()) })
-			socket = &corkedConn{Conn: c}
-			return socket, nil
-		},
-	})
+	amqpCfg.Dial = func(network, addr string) (net.Conn, error) {
+		c, err := (&net.Dialer{Timeout: dialTimeout}).DialContext(hardStop, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		// The handshake's deadline (TLS's too); amqp091 clears it once open.
+		if err := c.SetDeadline(time.Now().Add(dialTimeout)); err != nil {
+			return nil, err
+		}
+		unhook = context.AfterFunc(hardStop, func() { _ = c.SetDeadline(time.Now()) })
+		socket = &corkedConn{Conn: c}
+		return socket, nil
+	}
+	conn, err := amqp.DialConfig(url, amqpCfg)
 	if err != nil {
 		if unhook != nil {
 			unhook()

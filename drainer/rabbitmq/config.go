@@ -8,6 +8,7 @@ package rabbitmq
 import (
 	"fmt"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/spillway-io/spillway/secret"
@@ -29,6 +30,9 @@ type Config struct {
 	MessageProperties MessageProperties
 	// ContentType overrides the one derived from the payload column's type.
 	ContentType string
+	// External authenticates with the TLS client certificate (SASL
+	// EXTERNAL) instead of the URL's user and password.
+	External bool
 }
 
 // DefaultConfig is a topic exchange's, with full properties.
@@ -43,6 +47,16 @@ var exchangeTypes = []string{"direct", "fanout", "topic", "headers"}
 // names the field, the value and the rule.
 func (c Config) Validate(path *field.Path) field.ErrorList {
 	errs := c.URLSource.Validate(path, "the AMQP URL of the broker")
+	for _, u := range secret.Endpoints(c.URL) {
+		if _, err := amqp.ParseURI(u); err != nil {
+			errs = append(errs, field.Invalid(path.Child("url"), secret.RedactURL(u),
+				fmt.Sprintf("each of the comma-separated broker URLs must be an amqp:// or amqps:// URL: %v", secret.RedactError(err, u))))
+		}
+	}
+	if c.External && c.TLS.CertFile == "" {
+		errs = append(errs, field.Invalid(path.Child("external"), c.External,
+			"SASL EXTERNAL authenticates with the client certificate: set --broker-cert-file and --broker-key-file"))
+	}
 	if c.Exchange == "" && !c.Mandatory {
 		errs = append(errs, field.Invalid(path.Child("exchange"), c.Exchange,
 			"set an exchange (--exchange), or broker.mandatory (--mandatory) to publish to the default exchange: "+

@@ -1,9 +1,7 @@
 package rabbitmq
 
 import (
-	"context"
 	"fmt"
-	"log/slog"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -66,39 +64,3 @@ func (d *delivery) GiveUp(timedOut bool) {
 		d.channel.Close()
 	}
 }
-
-// Dialer opens a drainer's connections to the broker.
-type Dialer struct {
-	cfg       Config
-	drainerID string
-	depth     int
-	shape     messageShape
-	limits    messageLimits
-	log       *slog.Logger
-}
-
-// NewDialer is the dialer of cfg's broker, for the drainer drainerID
-// publishing at most depth messages at once, none larger than
-// maxPayloadBytes, from a payload column of payloadType.
-func NewDialer(cfg Config, drainerID string, depth int, maxPayloadBytes int64, payloadType string, log *slog.Logger) *Dialer {
-	contentType := cfg.ContentType
-	if contentType == "" {
-		contentType = sink.ContentType(payloadType)
-	}
-	return &Dialer{cfg: cfg, drainerID: drainerID, depth: depth, log: log,
-		shape:  messageShape{contentType: contentType, properties: cfg.MessageProperties},
-		limits: messageLimits{maxPayloadBytes: maxPayloadBytes}}
-}
-
-// Dial connects, enables confirms, and checks (or declares) the exchange.
-func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, error) {
-	return dial(hardStop, d.cfg, d.drainerID, d.depth, d.shape, d.limits, d.log, changed)
-}
-
-// Watch follows the broker URL's file.
-func (d *Dialer) Watch(ctx context.Context, log *slog.Logger, changed func()) error {
-	return d.cfg.Watch(ctx, log, changed)
-}
-
-// Where is the exchange rows are published to.
-func (d *Dialer) Where() string { return d.cfg.Where() }

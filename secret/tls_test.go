@@ -1,0 +1,138 @@
+package secret
+
+import (
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"math/big"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+)
+
+// issue makes a certificate for name (or a CA, when name is ""), signed by
+// parent, or self-signed when parent is nil.
+func issue(name string, parent *tls.Certificate) tls.Certificate {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	Expect(err).NotTo(HaveOccurred())
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "spillway test CA"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
+	if name != "" {
+		tmpl.Subject.CommonName, tmpl.IsCA, tmpl.DNSNames = name, false, []string{name}
+		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+	}
+	signer, signerKey := tmpl, any(key)
+	if parent != nil {
+		signer, signerKey = parent.Leaf, parent.PrivateKey
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
+	Expect(err).NotTo(HaveOccurred())
+	leaf, err := x509.ParseCertificate(der)
+	Expect(err).NotTo(HaveOccurred())
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
+}
+
+// writePEM writes c's certificate, and its key when keyFile is set.
+func writePEM(c tls.Certificate, certFile, keyFile string) {
+	Expect(os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o600)).To(Succeed())
+	if keyFile != "" {
+		der, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)).To(Succeed())
+	}
+}
+
+var _ = Describe("TLS files", func() {
+	var (
+		dir    string
+		ca     tls.Certificate
+		server *httptest.Server
+		// clientSeen is the client certificate's name the server was shown.
+		clientSeen string
+	)
+	BeforeEach(func() {
+		dir = GinkgoT().TempDir()
+		ca = issue("", nil)
+		writePEM(ca, filepath.Join(dir, "ca.crt"), "")
+		writePEM(issue("drainer", &ca), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+		roots := x509.NewCertPool()
+		roots.AddCert(ca.Leaf)
+		clientSeen = ""
+		server = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if len(r.TLS.PeerCertificates) > 0 {
+				clientSeen = r.TLS.PeerCertificates[0].Subject.CommonName
+			}
+		}))
+		server.TLS = &tls.Config{Certificates: []tls.Certificate{issue("localhost", &ca)}, ClientCAs: roots, ClientAuth: tls.VerifyClientCertIfGiven}
+		server.StartTLS()
+		DeferCleanup(server.Close)
+	})
+
+	get := func(cfg *tls.Config) error {
+		c := http.Client{Transport: &http.Transport{TLSClientConfig: cfg}}
+		_, port, _ := net.SplitHostPort(server.Listener.Addr().String())
+		resp, err := c.Get("https://localhost:" + port)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+
+	It("verifies the server against the CA, presents the client certificate, and refuses a certificate for another name", func() {
+		files := TLSFiles{CAFile: filepath.Join(dir, "ca.crt"), CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key")}
+		cfg, err := files.Config("localhost")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(get(cfg)).To(Succeed())
+		Expect(clientSeen).To(Equal("drainer"))
+
+		cfg, err = files.Config("db.example.com")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(get(cfg)).To(MatchError(ContainSubstring("certificate is valid for localhost, not db.example.com")))
+
+		_, err = files.Config("")
+		Expect(err).To(MatchError(ContainSubstring("needs the server's name")))
+	})
+
+	It("refuses a server whose certificate another CA signed", func() {
+		writePEM(issue("", nil), filepath.Join(dir, "other-ca.crt"), "")
+		cfg, err := TLSFiles{CAFile: filepath.Join(dir, "other-ca.crt")}.Config("localhost")
+		Expect(err).NotTo(HaveOccurred())
+		Expect(get(cfg)).To(MatchError(ContainSubstring("certificate signed by unknown authority")))
+	})
+
+	It("names the file it cannot use, never its content", func() {
+		_, err := TLSFiles{CAFile: filepath.Join(dir, "missing.crt")}.Config("localhost")
+		Expect(err).To(MatchError(ContainSubstring("missing.crt")))
+		Expect(os.WriteFile(filepath.Join(dir, "junk.crt"), []byte("not a certificate"), 0o600)).To(Succeed())
+		_, err = TLSFiles{CAFile: filepath.Join(dir, "junk.crt")}.Config("localhost")
+		Expect(err).To(MatchError("CA file " + filepath.Join(dir, "junk.crt") + " holds no PEM certificate"))
+		_, err = TLSFiles{CAFile: filepath.Join(dir, "ca.crt"), CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "ca.crt")}.Config("localhost")
+		Expect(err).To(MatchError(ContainSubstring("load client certificate")))
+	})
+})
+
+var _ = Describe("Lists of URLs", func() {
+	It("splits a comma-separated list, trimming spaces and dropping empty entries", func() {
+		Expect(Endpoints(" amqp://a/, amqp://b/ ,,")).To(Equal([]string{"amqp://a/", "amqp://b/"}))
+		Expect(Endpoints("")).To(BeEmpty())
+	})
+	It("shows each URL of a list without its password, and none of a list it cannot split safely", func() {
+		Expect(RedactURL("amqp://u:p1@a:5682/,amqps://u:p2@b:5693/vh")).To(Equal("amqp://u:xxxxx@a:5682/,amqps://u:xxxxx@b:5693/vh"))
+		Expect(RedactURL("amqp://u:pa,ss@a:5682/")).To(Equal("(unparseable connection string)"))
+		Expect(RedactError(errors.New("refused p1 and p2"), "amqp://u:p1@a/,amqp://u:p2@b/")).To(MatchError("refused xxxxx and xxxxx"))
+		Expect(Scrub("login p2 refused", "amqp://u:p1@a/,amqp://u:p2@b/")).To(Equal("login xxxxx refused"))
+	})
+})
