@@ -230,13 +230,19 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	// The dial reads the URL file afresh.
 	d.rotateBroker.Store(false)
 	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (sink.Sink, error) {
-		return d.dialer.Dial(hardStop, d.brokerChanged)
+		b, err := d.dialer.Dial(hardStop, d.brokerChanged)
+		if err != nil {
+			why := err.Error()
+			d.dialFailure.Store(&why)
+		}
+		return b, err
 	}, d.liveness.beat)
 	if err != nil {
 		return err
 	}
 	d.log.Info("Connected to broker", "to", d.dialer.Where())
 	d.broker = b
+	d.dialFailure.Store(nil)
 	d.current.Store(&openSink{b})
 	d.brokerChanged()
 	return nil

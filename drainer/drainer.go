@@ -70,6 +70,10 @@ type Drainer struct {
 	dialer  sink.Dialer
 	broker  sink.Sink
 	current atomic.Pointer[openSink]
+	// dialFailure is why the last dial failed, until one succeeds: what
+	// /readyz says while the broker is not connected. No secret: the
+	// dialer's errors show URLs without their passwords.
+	dialFailure atomic.Pointer[string]
 	// wake cuts an idle wait short: new rows were notified, or the broker's
 	// state changed.
 	wake chan struct{}
@@ -388,9 +392,12 @@ func (d *Drainer) prune(ctx context.Context, kind string, stmt outbox.Statement)
 func (d *Drainer) Ready(ctx context.Context) error {
 	switch b := d.current.Load(); {
 	case b == nil || !b.Healthy():
+		if why := d.dialFailure.Load(); why != nil {
+			return fmt.Errorf("broker not connected: %s", *why)
+		}
 		return errors.New("broker not connected")
 	case b.Blocked():
-		return errors.New("broker is blocking publishes (resource alarm)")
+		return errors.New("broker is blocking publishes (a memory or disk alarm in its cluster); claiming paused")
 	}
 	if err := d.refusals.cause(); err != nil {
 		return secret.RedactError(err, d.cfg.Database.URL)

@@ -1,0 +1,291 @@
+// Package brokerfaults runs drainer processes against the broker users run
+// in production: a three-node RabbitMQ cluster (hack/rabbitmq-cluster.sh),
+// publishing to a quorum queue, over plain AMQP and over TLS. Each spec
+// injects one fault for real under load (a node killed, a rolling restart,
+// the queue's leader stopped, a memory alarm, a partition, a rotated
+// certificate, a certificate of the wrong CA) and accounts for every row by
+// its id against the messages the queue received.
+package brokerfaults
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+	"github.com/onsi/gomega/gexec"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/spillway-io/spillway/test/suite"
+	"github.com/spillway-io/spillway/test/testenv"
+	"github.com/spillway-io/spillway/test/tier"
+)
+
+func TestBrokerFaults(t *testing.T) {
+	RegisterFailHandler(Fail)
+	tier.Run(t, "Broker Cluster Faults Suite", Label(tier.Faults))
+}
+
+var (
+	spillway string
+	pool     *pgxpool.Pool
+	// env is what hack/rabbitmq-cluster.sh env prints.
+	env map[string]string
+	// reports are the faults' figures, printed together after the suite.
+	reports []report
+)
+
+var _ = BeforeSuite(func(ctx SpecContext) {
+	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
+		missing := "RabbitMQ is not installed: the broker cluster suite starts three rabbitmq-server nodes (apt-get install rabbitmq-server)"
+		if os.Getenv("CI") == "true" {
+			Fail(missing)
+		}
+		Skip(missing)
+	}
+	spillway = suite.BuildSpillway()
+	var err error
+	pool, err = pgxpool.New(ctx, testenv.DatabaseURL())
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(pool.Close)
+	env = map[string]string{}
+	for _, line := range strings.Split(cluster("env"), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			env[k] = v
+		}
+	}
+	cluster("start")
+	DeferCleanup(func() { cluster("stop") })
+}, NodeTimeout(5*time.Minute))
+
+var _ = ReportAfterSuite("the faults' figures", func(r Report) {
+	if len(reports) == 0 {
+		return
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n%-44s %7s %5s %5s %9s  %s\n", "fault", "events", "lost", "dups", "recovery", "what the drainer reported")
+	for _, f := range reports {
+		fmt.Fprintf(&b, "%-44s %7d %5d %5d %8.1fs  %s\n", f.fault, f.events, f.lost, f.duplicates, f.recovery.Seconds(), f.reported)
+	}
+	fmt.Fprint(os.Stdout, b.String())
+})
+
+// cluster runs hack/rabbitmq-cluster.sh, failing the spec if it fails.
+func cluster(args ...string) string {
+	cmd := exec.Command("hack/rabbitmq-cluster.sh", args...)
+	cmd.Dir = testenv.RepoRoot()
+	out, err := cmd.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "hack/rabbitmq-cluster.sh %s: %s", strings.Join(args, " "), out)
+	return strings.TrimSpace(string(out))
+}
+
+// rabbitmqctl runs rabbitmqctl against node N (1–3).
+func rabbitmqctl(node int, args ...string) string {
+	out, err := exec.Command("rabbitmqctl", append([]string{"-n", nodeName(node), "--quiet"}, args...)...).CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "rabbitmqctl -n %s %v: %s", nodeName(node), args, out)
+	return strings.TrimSpace(string(out))
+}
+
+func nodeName(n int) string { return fmt.Sprintf("spill%d@localhost", n) }
+
+// amqpPort and amqpsPort are node N's listeners (hack/rabbitmq-cluster.sh).
+func amqpPort(n int) int  { return 5681 + n }
+func amqpsPort(n int) int { return 5691 + n }
+
+// nodeOfPort is the node listening on port, or 0.
+func nodeOfPort(port int) int {
+	for n := 1; n <= 3; n++ {
+		if port == amqpPort(n) || port == amqpsPort(n) {
+			return n
+		}
+	}
+	return 0
+}
+
+// connectionPort matches a connection's name, "client -> 127.0.0.1:5683".
+var connectionPort = regexp.MustCompile(`-> [^ \t]*:(\d+)`)
+
+// connectedNode is the node the drainer's connection is on, as the cluster
+// lists its connections, or 0 while it has none.
+func connectedNode(drainerID string) int {
+	for n := 1; n <= 3; n++ {
+		out, err := exec.Command("rabbitmqctl", "-n", nodeName(n), "--quiet", "list_connections", "name", "client_properties").CombinedOutput()
+		if err != nil {
+			continue // a node down or paused: ask the next
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if !strings.Contains(line, `"spillway-drainer/`+drainerID+`"`) {
+				continue
+			}
+			if m := connectionPort.FindStringSubmatch(line); m != nil {
+				port, _ := strconv.Atoi(m[1])
+				return nodeOfPort(port)
+			}
+		}
+		return 0
+	}
+	return 0
+}
+
+// queueLeader is the node leading the quorum queue.
+func queueLeader(queue string) int {
+	for _, line := range strings.Split(rabbitmqctl(1, "list_queues", "name", "leader"), "\n") {
+		if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
+			for n := 1; n <= 3; n++ {
+				if f[1] == nodeName(n) {
+					return n
+				}
+			}
+		}
+	}
+	Fail("no leader listed for queue " + queue)
+	return 0
+}
+
+// certs is the cluster's certificate directory (hack/tls-certs.sh).
+func certs(name string) string { return filepath.Join(env["SPILLWAY_RMQ_CERTS"], name) }
+
+// fleet is one spec's outbox, with a quorum queue on the cluster bound to
+// its exchange, and traffic written into it while the spec runs.
+type fleet struct {
+	outbox  testenv.Outbox
+	topo    testenv.Topology
+	traffic *testenv.Traffic
+}
+
+// backlogRows are written before the drainers start, and trafficRate a
+// second after that: enough that every fault lands mid-drain and keeps
+// new rows coming through it.
+const (
+	backlogRows = 20_000
+	trafficRate = 400
+)
+
+func newFleet(ctx context.Context) *fleet {
+	// Every node up and clustered, whatever the last spec left.
+	cluster("start")
+	f := &fleet{outbox: testenv.Outbox{DB: pool, Table: suite.Migrate(spillway, pool, "cluster_outbox")}}
+	withChannel(1, func(ch *amqp.Channel) {
+		var err error
+		f.topo, err = testenv.DeclareTopology(ch, "#", amqp.Table{"x-queue-type": "quorum"})
+		Expect(err).NotTo(HaveOccurred())
+	})
+	DeferCleanup(func() { withChannel(1, f.topo.Delete) })
+	suite.DB{Pool: pool}.Seed(ctx, f.outbox.Table, backlogRows)
+	f.traffic = testenv.StartTraffic(f.outbox, trafficRate)
+	DeferCleanup(func() { _, _ = f.traffic.Stop() })
+	return f
+}
+
+// withChannel runs fn on a channel of a fresh connection to node N.
+func withChannel(node int, fn func(ch *amqp.Channel)) {
+	conn, err := amqp.Dial(fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort(node)))
+	Expect(err).NotTo(HaveOccurred())
+	defer conn.Close()
+	ch, err := conn.Channel()
+	Expect(err).NotTo(HaveOccurred())
+	fn(ch)
+}
+
+// drainer is one drainer process of a fleet, with its probes' address.
+type drainer struct {
+	id, addr string
+	session  *gexec.Session
+}
+
+// drain starts a drainer publishing to the cluster through brokerURLs.
+func (f *fleet) drain(id, brokerURLs string, extra ...string) drainer {
+	d := drainer{id: id + "-" + testenv.UniqueName("d"), addr: suite.FreeAddr()}
+	args := []string{"drain", "--database-url", testenv.DatabaseURL(), "--broker-url", brokerURLs,
+		"--table", f.outbox.Table, "--exchange", f.topo.Exchange, "--drainer-id", d.id, "--metrics-addr", d.addr}
+	d.session = suite.Start(spillway, append(args, extra...)...)
+	return d
+}
+
+// waitDraining waits until the drainer has published n rows and is
+// connected: the fault then lands mid-drain, on a known node.
+func (d drainer) waitDraining(n int) int {
+	Eventually(func() (float64, error) { return testenv.Metric(d.addr, "spillway_drainer_published_rows_total") }, time.Minute, 50*time.Millisecond).
+		Should(BeNumerically(">=", n))
+	var node int
+	Eventually(func() int { node = connectedNode(d.id); return node }, 30*time.Second, 200*time.Millisecond).ShouldNot(BeZero())
+	return node
+}
+
+// finish stops the traffic, waits for every row to be published, and
+// accounts for each against the messages the queue received.
+func (f *fleet) finish(ctx context.Context, w *watch) report {
+	written, err := f.traffic.Stop()
+	Expect(err).NotTo(HaveOccurred())
+	_, err = f.outbox.WaitDrained(ctx, 3*time.Minute)
+	Expect(err).NotTo(HaveOccurred())
+	w.stop()
+	ids := suite.DB{Pool: pool}.IDs(ctx, f.outbox.Table, "true")
+	Expect(len(ids)).To(Equal(backlogRows + len(written)))
+	Expect(suite.DB{Pool: pool}.Count(ctx, f.outbox.Table, "attempts > 0")).To(BeZero(), "a broker fault counted an attempt against a row")
+	var r report
+	withChannel(1, func(ch *amqp.Channel) {
+		r.lost, r.duplicates = account(ch, f.topo.Queue, ids)
+	})
+	r.events, r.recovery, r.reported = len(ids), w.longestPause(), w.reported()
+	return r
+}
+
+// account consumes the queue until it has stayed empty for a second, and
+// counts the ids that never arrived and the extra copies of those that did.
+func account(ch *amqp.Channel, queue string, ids []string) (lost, duplicates int) {
+	Expect(ch.Qos(2000, 0, false)).To(Succeed())
+	tag := testenv.UniqueName("ledger")
+	deliveries, err := ch.Consume(queue, tag, true, true, false, false, nil)
+	Expect(err).NotTo(HaveOccurred())
+	defer func() { _ = ch.Cancel(tag, false) }()
+	seen := make(map[string]int, len(ids))
+	quiet := time.NewTimer(10 * time.Second) // the first message may take a moment
+	for done := false; !done; {
+		select {
+		case d := <-deliveries:
+			seen[d.MessageId]++
+			quiet.Reset(time.Second)
+		case <-quiet.C:
+			done = true
+		}
+	}
+	for _, id := range ids {
+		switch n := seen[id]; {
+		case n == 0:
+			lost++
+		case n > 1:
+			duplicates += n - 1
+		}
+	}
+	return lost, duplicates
+}
+
+// report is one fault's figures.
+type report struct {
+	fault                string
+	events, lost         int
+	duplicates           int
+	recovery             time.Duration
+	reported             string
+	timeline             *testenv.Timeline
+	drainerConnectedNode int
+}
+
+// record prints the fault's figures and timeline, and keeps them for the
+// suite's table.
+func record(r report) {
+	AddReportEntry(r.fault, fmt.Sprintf("events %d, lost %d, duplicates %d, longest pause in publishing %.1fs\nreported: %s\n%s",
+		r.events, r.lost, r.duplicates, r.recovery.Seconds(), r.reported, r.timeline))
+	reports = append(reports, r)
+	Expect(r.lost).To(BeZero(), "events lost")
+}
