@@ -219,6 +219,8 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 			d.log.Warn("Broker channel closed; reconnecting")
 		case d.rotateBroker.Load():
 			d.log.Info("Reconnecting to the broker with the changed URL file")
+		case d.pushback.redial:
+			d.log.Info("Replacing the broker connection, whose publishes were nacked")
 		default:
 			d.log.Info("Replacing the broker channel, which gave up a confirm while the broker blocked it")
 		}
@@ -229,6 +231,7 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	}
 	// The dial reads the URL file afresh.
 	d.rotateBroker.Store(false)
+	d.pushback.redial = false
 	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (sink.Sink, error) {
 		b, err := d.dialer.Dial(hardStop, d.brokerChanged)
 		if err != nil {
@@ -249,10 +252,10 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 }
 
 // brokerUsable reports whether d.broker may publish: open, not due for a
-// reconnect with a changed URL file, and not stale, unless the broker still
-// blocks it (a new connection would block too).
+// reconnect (a changed URL file, nacks), and not stale, unless the broker
+// still blocks it (a new connection would block too).
 func (d *Drainer) brokerUsable() bool {
-	return d.broker.Healthy() && !d.rotateBroker.Load() && (!d.broker.Stale() || d.broker.Blocked())
+	return d.broker.Healthy() && !d.rotateBroker.Load() && !d.pushback.redial && (!d.broker.Stale() || d.broker.Blocked())
 }
 
 // pushback is the claim loop's backoff after the broker nacked publishes: a
@@ -263,6 +266,12 @@ func (d *Drainer) brokerUsable() bool {
 type pushback struct {
 	backoff *backoff.ExponentialBackOff
 	until   time.Time
+	// redial is set when a backoff starts: the connection is replaced
+	// before the next claim. A channel that RabbitMQ 3.10 opened while a
+	// quorum queue elected its leader nacks every publish to it for as long
+	// as it lives, while a new one is accepted; a full queue's nacks cost
+	// one reconnect per backoff.
+	redial bool
 }
 
 // nacked backs off claiming, longer each time the claims after a backoff are
@@ -270,6 +279,7 @@ type pushback struct {
 func (pb *pushback) nacked() {
 	if now := time.Now(); !now.Before(pb.until) {
 		pb.until = now.Add(pb.backoff.NextBackOff())
+		pb.redial = true
 	}
 }
 

@@ -16,6 +16,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,21 +137,6 @@ func connectedNode(drainerID string) int {
 	return 0
 }
 
-// queueLeader is the node leading the quorum queue.
-func queueLeader(queue string) int {
-	for _, line := range strings.Split(rabbitmqctl(1, "list_queues", "name", "leader"), "\n") {
-		if f := strings.Fields(line); len(f) == 2 && f[0] == queue {
-			for n := 1; n <= 3; n++ {
-				if f[1] == nodeName(n) {
-					return n
-				}
-			}
-		}
-	}
-	Fail("no leader listed for queue " + queue)
-	return 0
-}
-
 // certs is the cluster's certificate directory (hack/tls-certs.sh).
 func certs(name string) string { return filepath.Join(env["SPILLWAY_RMQ_CERTS"], name) }
 
@@ -160,6 +146,15 @@ type fleet struct {
 	outbox  testenv.Outbox
 	topo    testenv.Topology
 	traffic *testenv.Traffic
+	stopped sync.Once
+	written []string
+	err     error
+}
+
+// stopTraffic stops the traffic once, and returns the ids it wrote.
+func (f *fleet) stopTraffic() ([]string, error) {
+	f.stopped.Do(func() { f.written, f.err = f.traffic.Stop() })
+	return f.written, f.err
 }
 
 // backlogRows are written before the drainers start, and trafficRate a
@@ -174,22 +169,29 @@ func newFleet(ctx context.Context) *fleet {
 	// Every node up and clustered, whatever the last spec left.
 	cluster("start")
 	f := &fleet{outbox: testenv.Outbox{DB: pool, Table: suite.Migrate(spillway, pool, "cluster_outbox")}}
-	withChannel(1, func(ch *amqp.Channel) {
+	withChannel(func(ch *amqp.Channel) {
 		var err error
 		f.topo, err = testenv.DeclareTopology(ch, "#", amqp.Table{"x-queue-type": "quorum"})
 		Expect(err).NotTo(HaveOccurred())
 	})
-	DeferCleanup(func() { withChannel(1, f.topo.Delete) })
+	DeferCleanup(func() { withChannel(f.topo.Delete) })
 	suite.DB{Pool: pool}.Seed(ctx, f.outbox.Table, backlogRows)
 	f.traffic = testenv.StartTraffic(f.outbox, trafficRate)
-	DeferCleanup(func() { _, _ = f.traffic.Stop() })
+	DeferCleanup(func() { _, _ = f.stopTraffic() })
 	return f
 }
 
-// withChannel runs fn on a channel of a fresh connection to node N.
-func withChannel(node int, fn func(ch *amqp.Channel)) {
-	conn, err := amqp.Dial(fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort(node)))
-	Expect(err).NotTo(HaveOccurred())
+// withChannel runs fn on a channel of a fresh connection to the first node
+// that answers.
+func withChannel(fn func(ch *amqp.Channel)) {
+	var conn *amqp.Connection
+	var err error
+	for n := 1; n <= 3; n++ {
+		if conn, err = amqp.Dial(fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort(n))); err == nil {
+			break
+		}
+	}
+	Expect(err).NotTo(HaveOccurred(), "no node of the cluster answers")
 	defer conn.Close()
 	ch, err := conn.Channel()
 	Expect(err).NotTo(HaveOccurred())
@@ -224,7 +226,7 @@ func (d drainer) waitDraining(n int) int {
 // finish stops the traffic, waits for every row to be published, and
 // accounts for each against the messages the queue received.
 func (f *fleet) finish(ctx context.Context, w *watch) report {
-	written, err := f.traffic.Stop()
+	written, err := f.stopTraffic()
 	Expect(err).NotTo(HaveOccurred())
 	_, err = f.outbox.WaitDrained(ctx, 3*time.Minute)
 	Expect(err).NotTo(HaveOccurred())
@@ -233,7 +235,7 @@ func (f *fleet) finish(ctx context.Context, w *watch) report {
 	Expect(len(ids)).To(Equal(backlogRows + len(written)))
 	Expect(suite.DB{Pool: pool}.Count(ctx, f.outbox.Table, "attempts > 0")).To(BeZero(), "a broker fault counted an attempt against a row")
 	var r report
-	withChannel(1, func(ch *amqp.Channel) {
+	withChannel(func(ch *amqp.Channel) {
 		r.lost, r.duplicates = account(ch, f.topo.Queue, ids)
 	})
 	r.events, r.recovery, r.reported = len(ids), w.longestPause(), w.reported()
@@ -272,13 +274,12 @@ func account(ch *amqp.Channel, queue string, ids []string) (lost, duplicates int
 
 // report is one fault's figures.
 type report struct {
-	fault                string
-	events, lost         int
-	duplicates           int
-	recovery             time.Duration
-	reported             string
-	timeline             *testenv.Timeline
-	drainerConnectedNode int
+	fault        string
+	events, lost int
+	duplicates   int
+	recovery     time.Duration
+	reported     string
+	timeline     *testenv.Timeline
 }
 
 // record prints the fault's figures and timeline, and keeps them for the

@@ -1,0 +1,246 @@
+package brokerfaults
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/test/suite"
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+// tlsArgs make a drainer connect over TLS with the cluster's CA, presenting
+// the client certificate whose CN is guest, and log in with it (EXTERNAL).
+func tlsArgs(ca string) []string {
+	return []string{"--broker-ca-file", ca, "--broker-cert-file", certs("client.crt"), "--broker-key-file", certs("client.key"),
+		"--broker-sasl-external"}
+}
+
+var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
+	It("loses no event when the node the drainer is connected to is killed with kill -9", func(ctx SpecContext) {
+		f := newFleet(ctx)
+		d := f.drain("kill", env["SPILLWAY_RMQ_AMQP_URLS"])
+		node := d.waitDraining(2000)
+		w := watchDrainer(d)
+
+		w.fault("kill -9 of " + nodeName(node) + ", the drainer's node")
+		cluster("kill-node", strconv.Itoa(node))
+		Eventually(func() int { return connectedNode(d.id) }, time.Minute, 200*time.Millisecond).
+			Should(And(Not(BeZero()), Not(Equal(node))), "reconnected to another node")
+		w.timeline.Mark("connected to %s", nodeName(connectedNode(d.id)))
+		r := f.finish(ctx, w)
+		cluster("start-node", strconv.Itoa(node))
+		r.fault, r.timeline = "1. the drainer's node killed (kill -9)", w.timeline
+		record(r)
+	})
+
+	It("loses no event through a rolling restart of all three nodes", func(ctx SpecContext) {
+		f := newFleet(ctx)
+		d := f.drain("rolling", env["SPILLWAY_RMQ_AMQP_URLS"])
+		d.waitDraining(2000)
+		w := watchDrainer(d)
+
+		for n := 1; n <= 3; n++ {
+			w.fault("restart of " + nodeName(n))
+			cluster("restart-node", strconv.Itoa(n))
+			w.timeline.Mark("%s back in the cluster", nodeName(n))
+		}
+		r := f.finish(ctx, w)
+		r.fault, r.timeline = "2. rolling restart of the three nodes", w.timeline
+		record(r)
+	})
+
+	It("loses no event when the node leading the quorum queue stops and leadership moves", func(ctx SpecContext) {
+		f := newFleet(ctx)
+		d := f.drain("leader", env["SPILLWAY_RMQ_AMQP_URLS"])
+		d.waitDraining(2000)
+		w := watchDrainer(d)
+
+		leader := leaderSeenBy(1, f.topo.Queue)
+		Expect(leader).NotTo(BeZero(), "the queue has a leader")
+		w.fault("stop_app on " + nodeName(leader) + ", the queue's leader")
+		rabbitmqctl(leader, "stop_app")
+		DeferCleanup(func() { rabbitmqctl(leader, "start_app") })
+		Eventually(func() int {
+			for n := 1; n <= 3; n++ {
+				if n != leader {
+					return leaderSeenBy(n, f.topo.Queue)
+				}
+			}
+			return 0
+		}, time.Minute, 200*time.Millisecond).Should(And(Not(BeZero()), Not(Equal(leader))))
+		w.timeline.Mark("leadership moved")
+		time.Sleep(10 * time.Second) // draining with a two-node majority
+		rabbitmqctl(leader, "start_app")
+		w.timeline.Mark("%s started again", nodeName(leader))
+		r := f.finish(ctx, w)
+		r.fault, r.timeline = "3. the quorum queue's leader stopped", w.timeline
+		record(r)
+	})
+
+	It("takes no claim while a memory alarm on another node blocks publishing, shows it, and goes on once it clears", func(ctx SpecContext) {
+		f := newFleet(ctx)
+		d := f.drain("alarm", env["SPILLWAY_RMQ_AMQP_URLS"], "--pipeline-depth", "16", "--lease-ttl", "6s")
+		node := d.waitDraining(2000)
+		alarmed := node%3 + 1 // another node: an alarm anywhere blocks publishers everywhere
+		w := watchDrainer(d)
+
+		w.fault("memory alarm on " + nodeName(alarmed))
+		watermark := rabbitmqctl(alarmed, "eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
+		rabbitmqctl(alarmed, "set_vm_memory_high_watermark", "0.0000001")
+		alarmAt := time.Now()
+		DeferCleanup(func() { rabbitmqctl(alarmed, "set_vm_memory_high_watermark", watermark) })
+		Eventually(func() (float64, error) { return testenv.Metric(d.addr, "spillway_drainer_broker_blocked") }, 30*time.Second, 50*time.Millisecond).
+			Should(Equal(1.0))
+		Eventually(func() string { return readyz(d.addr) }, 10*time.Second, 50*time.Millisecond).
+			Should(HavePrefix("503 broker is blocking publishes"))
+		Eventually(func() int { return len(claimed(ctx, f)) }, 30*time.Second).Should(BeZero(), "claims in flight released")
+		before, err := testenv.Metric(d.addr, "spillway_drainer_claimed_rows_total")
+		Expect(err).NotTo(HaveOccurred())
+		Consistently(func() (float64, error) { return testenv.Metric(d.addr, "spillway_drainer_claimed_rows_total") }, 15*time.Second, 200*time.Millisecond).
+			Should(Equal(before), "no claim while blocked")
+
+		time.Sleep(time.Until(alarmAt.Add(20 * time.Second)))
+		rabbitmqctl(alarmed, "set_vm_memory_high_watermark", watermark)
+		w.timeline.Mark("alarm cleared")
+		r := f.finish(ctx, w)
+		r.fault, r.timeline = "4. memory alarm on one node for 20 s", w.timeline
+		record(r)
+	})
+
+	It("moves to the majority when its node is cut off from the other two, and loses no event", func(ctx SpecContext) {
+		f := newFleet(ctx)
+		d := f.drain("partition", env["SPILLWAY_RMQ_AMQP_URLS"])
+		node := d.waitDraining(2000)
+		w := watchDrainer(d)
+
+		w.fault("partition: " + nodeName(node) + ", the drainer's node, cut off from the other two")
+		cluster("partition-node", strconv.Itoa(node))
+		DeferCleanup(func() { cluster("heal-node", strconv.Itoa(node)) })
+		Eventually(func() int { return connectedNode(d.id) }, time.Minute, 200*time.Millisecond).
+			Should(And(Not(BeZero()), Not(Equal(node))), "moved to the majority")
+		w.timeline.Mark("connected to %s", nodeName(connectedNode(d.id)))
+		time.Sleep(10 * time.Second)
+		cluster("heal-node", strconv.Itoa(node))
+		w.timeline.Mark("partition healed")
+		r := f.finish(ctx, w)
+		r.fault, r.timeline = "5. the drainer's node partitioned, then healed", w.timeline
+		record(r)
+	})
+
+	It("keeps draining over TLS with a client certificate while the brokers' certificate is rotated", func(ctx SpecContext) {
+		f := newFleet(ctx)
+		d := f.drain("rotate", env["SPILLWAY_RMQ_AMQPS_URLS"], tlsArgs(certs("ca.crt"))...)
+		node := d.waitDraining(2000)
+		w := watchDrainer(d)
+		served := servedSerial(node)
+
+		w.fault("server certificate renewed on every node")
+		renewServerCertificate()
+		Expect(servedSerial(node)).NotTo(Equal(served), "the node serves the new certificate")
+		w.timeline.Mark("connections closed, so the drainer reconnects through the new certificate")
+		for n := 1; n <= 3; n++ {
+			rabbitmqctl(n, "close_all_connections", "certificate rotated")
+		}
+		Eventually(func() int { return connectedNode(d.id) }, time.Minute, 200*time.Millisecond).ShouldNot(BeZero(), "reconnected")
+		r := f.finish(ctx, w)
+		r.fault, r.timeline = "6. broker certificate rotated (TLS, EXTERNAL)", w.timeline
+		record(r)
+	})
+
+	It("refuses a broker whose certificate another CA signed, marks nothing, and drains once given the right CA", func(ctx SpecContext) {
+		f := newFleet(ctx)
+		ca := filepath.Join(GinkgoT().TempDir(), "ca.crt")
+		copyFile(certs("wrong-ca.crt"), ca)
+		d := f.drain("wrong-ca", env["SPILLWAY_RMQ_AMQPS_URLS"], tlsArgs(ca)...)
+		w := watchDrainer(d)
+		w.fault("the drainer's CA file holds the wrong CA")
+
+		Eventually(func() string { return readyz(d.addr) }, 30*time.Second, 50*time.Millisecond).
+			Should(And(HavePrefix("503 broker not connected"), ContainSubstring("certificate signed by unknown authority")))
+		Consistently(func() (float64, error) { return testenv.Metric(d.addr, "spillway_drainer_claimed_rows_total") }, 5*time.Second, 200*time.Millisecond).
+			Should(BeZero(), "nothing claimed without a broker")
+		Expect(pending(ctx, f)).To(BeNumerically(">=", backlogRows), "nothing marked published")
+
+		copyFile(certs("ca.crt"), ca)
+		w.timeline.Mark("the right CA written to the file")
+		r := f.finish(ctx, w)
+		r.fault, r.timeline = "7. a certificate of the wrong CA refused", w.timeline
+		record(r)
+	})
+})
+
+// leaderSeenBy is the queue's leader as node N lists it, or 0.
+func leaderSeenBy(node int, queue string) int {
+	out, err := execOut("rabbitmqctl", "-n", nodeName(node), "--quiet", "list_queues", "name", "leader")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(out, "\n") {
+		if fields := strings.Fields(line); len(fields) == 2 && fields[0] == queue {
+			for n := 1; n <= 3; n++ {
+				if fields[1] == nodeName(n) {
+					return n
+				}
+			}
+		}
+	}
+	return 0
+}
+
+func copyFile(from, to string) {
+	b, err := os.ReadFile(from)
+	Expect(err).NotTo(HaveOccurred())
+	Expect(os.WriteFile(to, b, 0o600)).To(Succeed())
+}
+
+func execOut(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}
+
+// claimed are the rows claimed and not yet published.
+func claimed(ctx context.Context, f *fleet) []string {
+	return suite.DB{Pool: pool}.IDs(ctx, f.outbox.Table, "claimed_by IS NOT NULL AND published_at IS NULL")
+}
+
+// pending is how many rows are not published.
+func pending(ctx context.Context, f *fleet) int {
+	n, err := f.outbox.Backlog(ctx)
+	Expect(err).NotTo(HaveOccurred())
+	return n
+}
+
+// servedSerial is the serial of the certificate node N's TLS listener
+// serves to a new connection.
+func servedSerial(node int) string {
+	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", amqpsPort(node)),
+		&tls.Config{InsecureSkipVerify: true}) // only to read what it serves
+	Expect(err).NotTo(HaveOccurred())
+	defer conn.Close()
+	return conn.ConnectionState().PeerCertificates[0].SerialNumber.String()
+}
+
+// renewServerCertificate signs a new server certificate with the same CA,
+// puts it in every node's certificate directory, and makes the nodes serve
+// it to new connections.
+func renewServerCertificate() {
+	cmd := exec.Command("hack/tls-certs.sh", "--renew-server", env["SPILLWAY_RMQ_CERTS"])
+	cmd.Dir = testenv.RepoRoot()
+	out, err := cmd.CombinedOutput()
+	Expect(err).NotTo(HaveOccurred(), "%s", out)
+	for _, dir := range strings.Split(env["SPILLWAY_RMQ_NODE_CERTS"], ",") {
+		out, err := exec.Command("cp", "-p", certs("server.crt"), certs("server.key"), dir).CombinedOutput()
+		Expect(err).NotTo(HaveOccurred(), "%s", out)
+	}
+	cluster("reload-certs")
+}
