@@ -238,7 +238,7 @@ func (f *fleet) finish(ctx context.Context, w *watch) report {
 	withChannel(func(ch *amqp.Channel) {
 		r.lost, r.duplicates = account(ch, f.topo.Queue, ids)
 	})
-	r.events, r.recovery, r.reported = len(ids), w.longestPause(), w.reported()
+	r.events, r.recovery, r.reported, r.logged = len(ids), w.longestPause(), w.reported(), w.logged()
 	return r
 }
 
@@ -279,14 +279,15 @@ type report struct {
 	duplicates   int
 	recovery     time.Duration
 	reported     string
+	logged       string
 	timeline     *testenv.Timeline
 }
 
 // record prints the fault's figures and timeline, and keeps them for the
 // suite's table.
 func record(r report) {
-	AddReportEntry(r.fault, fmt.Sprintf("events %d, lost %d, duplicates %d, longest pause in publishing %.1fs\nreported: %s\n%s",
-		r.events, r.lost, r.duplicates, r.recovery.Seconds(), r.reported, r.timeline))
+	AddReportEntry(r.fault, fmt.Sprintf("events %d, lost %d, duplicates %d, longest pause in publishing %.1fs\n/readyz said: %s\nlogged: %s\n%s",
+		r.events, r.lost, r.duplicates, r.recovery.Seconds(), r.reported, r.logged, r.timeline))
 	reports = append(reports, r)
 	Expect(r.lost).To(BeZero(), "events lost")
 }

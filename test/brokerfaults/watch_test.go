@@ -1,6 +1,8 @@
 package brokerfaults
 
 import (
+	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -113,6 +115,27 @@ func (w *watch) longestPause() time.Duration {
 		longest, last = max(longest, at.Sub(last)), at
 	}
 	return longest
+}
+
+// logged counts the drainer's log lines about its broker connection, by
+// message, in the order they first came.
+func (w *watch) logged() string {
+	var order []string
+	count := map[string]int{}
+	for _, line := range strings.Split(string(w.d.session.Err.Contents()), "\n") {
+		var entry struct{ Msg string }
+		if json.Unmarshal([]byte(line), &entry) != nil || !strings.Contains(entry.Msg, "roker") {
+			continue
+		}
+		if count[entry.Msg]++; count[entry.Msg] == 1 {
+			order = append(order, entry.Msg)
+		}
+	}
+	shown := make([]string, len(order))
+	for i, msg := range order {
+		shown[i] = fmt.Sprintf("%q ×%d", msg, count[msg])
+	}
+	return strings.Join(shown, ", ")
 }
 
 // reported is what /readyz said while the drainer was unready, each
