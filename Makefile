@@ -36,7 +36,7 @@ services: ## Start the local Postgres and RabbitMQ if they are installed but sto
 # other runs on the same machine (a second checkout, make bench): they share
 # the services, and a fault run takes them for itself. -o keeps the lock from
 # the daemons a fault spec restarts, which would otherwise hold it for good.
-FAULTS        := ./test/faults
+FAULTS        := ./test/faults ./test/brokerfaults
 SERVICES_LOCK ?= /tmp/spillway-services.lock
 
 # SUITE_ENV builds (once) and points the suites at the control plane, helm
@@ -51,8 +51,8 @@ SUITE_ENV = assets=$$(hack/control-plane.sh) && promtool=$$(hack/promtool.sh) &&
 test: services verify-generated $(HELM) ## Run every suite against the local Postgres, RabbitMQ, an envtest control plane and a local cluster; the fault suite last.
 	$(GO) vet ./...
 	$(SUITE_ENV) && \
-		flock -o -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v '/test/faults$$') && \
-		flock -o -x $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $(FAULTS)
+		flock -o -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v -e '/test/faults$$' -e '/test/brokerfaults$$') && \
+		flock -o -x $(SERVICES_LOCK) $(GO) test -p 1 $(TEST_FLAGS) $(FAULTS)
 
 # The unit tier: every spec that runs against no service, which is every
 # spec without a tier's label (test/tier), in every package but test/'s

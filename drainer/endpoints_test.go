@@ -45,7 +45,7 @@ var _ = Describe("A list of broker URLs", Label(tier.DB, tier.Broker), func() {
 		d := newDrainer(ctx, cfg).start()
 
 		Eventually(func() error { return d.Ready(ctx) }, drainTimeout, 20*time.Millisecond).
-			Should(MatchError(ContainSubstring("broker not connected: connect to broker amqp://guest:xxxxx@127.0.0.1:")))
+			Should(MatchError(ContainSubstring("broker not connected: none of the 2 broker URLs answered: connect to broker amqp://guest:xxxxx@127.0.0.1:")))
 		err := d.Ready(ctx)
 		Expect(err.Error()).To(ContainSubstring("connection refused"))
 		Expect(err.Error()).NotTo(ContainSubstring("hunter22"))

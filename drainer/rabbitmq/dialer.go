@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -62,7 +63,7 @@ func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, erro
 	if len(urls) == 0 {
 		return nil, errors.New("the broker URL is empty")
 	}
-	var errs []error
+	var failures []string
 	for i := range urls {
 		k := (d.next + i) % len(urls)
 		b, err := dial(hardStop, d.cfg, urls[k], d.drainerID, d.depth, d.shape, d.limits, d.log, changed)
@@ -72,12 +73,14 @@ func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, erro
 			d.at.Store(&at)
 			return b, nil
 		}
-		if len(urls) > 1 {
-			d.log.Warn("Broker URL did not answer; trying the next", "endpoint", endpoint(urls[k]), "error", err)
+		if len(urls) == 1 {
+			return nil, err
 		}
-		errs = append(errs, err)
+		d.log.Warn("Broker URL did not answer; trying the next", "endpoint", endpoint(urls[k]), "error", err)
+		failures = append(failures, err.Error())
 	}
-	return nil, errors.Join(errs...)
+	// One line, for /readyz and the log.
+	return nil, fmt.Errorf("none of the %d broker URLs answered: %s", len(urls), strings.Join(failures, "; "))
 }
 
 // endpoint is a URL's host and port, for a log line.

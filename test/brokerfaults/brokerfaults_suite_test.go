@@ -26,6 +26,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 	"github.com/spillway-io/spillway/test/tier"
@@ -75,7 +76,7 @@ var _ = ReportAfterSuite("the faults' figures", func(r Report) {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%-44s %7s %5s %5s %9s  %s\n", "fault", "events", "lost", "dups", "recovery", "what the drainer reported")
 	for _, f := range reports {
-		fmt.Fprintf(&b, "%-44s %7d %5d %5d %8.1fs  %s\n", f.fault, f.events, f.lost, f.duplicates, f.recovery.Seconds(), f.reported)
+		fmt.Fprintf(&b, "%-44s %7d %5d %5d %8.1fs  %s\n", f.fault, f.events, f.lost, f.duplicates, f.recovery.Seconds(), secret.Truncate(f.reported, 120))
 	}
 	fmt.Fprint(os.Stdout, b.String())
 })

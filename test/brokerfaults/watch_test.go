@@ -77,7 +77,7 @@ func (w *watch) run() {
 		if ready := readyz(w.d.addr); ready != lastReady {
 			lastReady = ready
 			w.timeline.Mark("/readyz %s", ready)
-			if !strings.HasPrefix(ready, "200") {
+			if !strings.HasPrefix(ready, "200") && ready != "unreachable" { // not yet listening
 				w.mu.Lock()
 				w.said = append(w.said, ready)
 				w.mu.Unlock()
