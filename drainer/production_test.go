@@ -130,6 +130,10 @@ var _ = Describe("Fast wake-up", Label(tier.DB, tier.Broker), func() {
 		var duringStream int64
 		counted := -1 // the first commit counted: the stream is under way, and hushed
 		committed := make([]time.Time, commits)
+		// unhushed counts the counted commits after which the drainer held
+		// no hush: on a busy machine a hush's try can meet a notifying
+		// commit and fail, and then commits notify until the next window.
+		unhushed := 0
 		for i := range commits {
 			if counted < 0 && i >= commits/4 && hushes() == 1 {
 				counted, duringStream = i, notified.Load()
@@ -137,6 +141,9 @@ var _ = Describe("Fast wake-up", Label(tier.DB, tier.Broker), func() {
 			time.Sleep(time.Until(start.Add(time.Duration(i) * every)))
 			db.Seed(ctx, spec.Name, 1)
 			committed[i] = time.Now()
+			if counted >= 0 && hushes() == 0 {
+				unhushed++
+			}
 		}
 		Expect(counted).To(BeNumerically(">=", 0), "the drainer hushed the stream")
 		duringStream = notified.Load() - duringStream
@@ -151,8 +158,9 @@ var _ = Describe("Fast wake-up", Label(tier.DB, tier.Broker), func() {
 				stops++
 			}
 		}
-		GinkgoWriter.Printf("%d of the last %d commits of the stream notified; the stream stopped %d times\n", duringStream, commits-counted, stops)
-		Expect(duringStream).To(BeNumerically("<", commits/20+2*stops),
+		GinkgoWriter.Printf("%d of the last %d commits of the stream notified; %d came while no hush was held; the stream stopped %d times\n",
+			duringStream, commits-counted, unhushed, stops)
+		Expect(duringStream).To(BeNumerically("<", commits/20+2*stops+unhushed),
 			"a drainer claiming every window on its own hushes the commits' notifications")
 
 		By("after the stream, the drainer lets go, commits notify again and a lone one is claimed at once")
