@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
+	"github.com/spillway-io/spillway/controllers/resource"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -213,6 +214,29 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 			Expect(object[corev1.Secret](objs, "Secret", ref.Name).StringData).To(HaveKey(ref.Key))
 			Expect(out).To(ContainSubstring("secret/" + ref.Name + " created (server dry run)"))
 		}
+	})
+
+	It("applies the TLS sample in a server-side dry run, and builds drainers that mount its certificates and verify both servers", func() {
+		out := mustRun("kubectl", "apply", "--dry-run=server", "--namespace=default", "-f", "config/samples/tls/")
+		Expect(out).To(ContainSubstring("outboxdrainer.spillway.io/orders-tls created (server dry run)"))
+		od := object[v1alpha1.OutboxDrainer](manifestsFile("config/samples/tls/outboxdrainer-tls.yaml"), "OutboxDrainer", "orders-tls")
+		args := resource.DrainArgs(od.Spec)
+		Expect(args).To(ContainElements(
+			"--database-ca-file=/var/run/secrets/spillway/database-tls/ca.crt",
+			"--database-cert-file=/var/run/secrets/spillway/database-tls/tls.crt",
+			"--database-key-file=/var/run/secrets/spillway/database-tls/tls.key",
+			"--broker-ca-file=/var/run/secrets/spillway/broker-tls/ca.crt",
+			"--broker-cert-file=/var/run/secrets/spillway/broker-tls/tls.crt",
+			"--broker-key-file=/var/run/secrets/spillway/broker-tls/tls.key",
+			"--broker-sasl-external"))
+		Expect(resource.SecretNames(od.Spec)).To(ConsistOf("orders-db", "rabbit", "orders-db-drainer-tls", "rabbit-drainer-tls"))
+
+		By("the API server refuses EXTERNAL without a client certificate, naming the field")
+		refused := od.DeepCopy()
+		refused.Namespace = "default"
+		refused.Spec.Broker.TLS.ClientCertificate = false
+		Expect(k8s.Create(context.Background(), refused, client.DryRunAll)).To(MatchError(And(
+			ContainSubstring("spec.broker.tls.external"), ContainSubstring("external authenticates with the client certificate: set clientCertificate"))))
 	})
 })
 
