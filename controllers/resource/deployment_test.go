@@ -105,6 +105,33 @@ var _ = Describe("The drainer Deployment", func() {
 		Expect(c.Args).NotTo(ContainElement(HavePrefix("--broker-url=")))
 	})
 
+	It("mounts each TLS Secret whole, read-only, where the certificate flags point, only when the spec sets it", func() {
+		tlsFleet := od.DeepCopy()
+		tlsFleet.Spec.Database.TLS = &v1alpha1.TLS{SecretName: "db-tls"}
+		tlsFleet.Spec.Broker.TLS = &v1alpha1.BrokerTLS{TLS: v1alpha1.TLS{SecretName: "mq-tls", ClientCertificate: true}, External: true}
+		d := builtDeployment(tlsFleet)
+		Expect(d.Spec.Template.Spec.Volumes).To(ContainElements(
+			corev1.Volume{Name: "database-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName: "db-tls", DefaultMode: ptr.To(int32(0o440))}}},
+			corev1.Volume{Name: "broker-tls", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+				SecretName: "mq-tls", DefaultMode: ptr.To(int32(0o440))}}},
+		))
+		c := drainerContainer(d)
+		Expect(c.VolumeMounts).To(ContainElements(
+			corev1.VolumeMount{Name: "database-tls", MountPath: "/var/run/secrets/spillway/database-tls", ReadOnly: true},
+			corev1.VolumeMount{Name: "broker-tls", MountPath: "/var/run/secrets/spillway/broker-tls", ReadOnly: true},
+		))
+		Expect(c.Args).To(ContainElements("--database-ca-file=/var/run/secrets/spillway/database-tls/ca.crt",
+			"--broker-ca-file=/var/run/secrets/spillway/broker-tls/ca.crt", "--broker-cert-file=/var/run/secrets/spillway/broker-tls/tls.crt",
+			"--broker-key-file=/var/run/secrets/spillway/broker-tls/tls.key", "--broker-sasl-external"))
+		Expect(c.Args).NotTo(ContainElement(HavePrefix("--database-cert-file")), "no client certificate for the database")
+		Expect(TLSKeys(tlsFleet.Spec.Database.TLS)).To(Equal([]v1alpha1.SecretKeyRef{{Name: "db-tls", Key: "ca.crt"}}))
+
+		plain := drainerContainer(builtDeployment(od))
+		Expect(plain.Args).NotTo(ContainElement(ContainSubstring("-ca-file")))
+		Expect(plain.VolumeMounts).To(HaveLen(2))
+	})
+
 	It("takes the drainer ID from the pod name through the downward API", func() {
 		Expect(drainerContainer(builtDeployment(od)).Env).To(ConsistOf(corev1.EnvVar{
 			Name:      "POD_NAME",
