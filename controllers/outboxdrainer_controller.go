@@ -128,6 +128,9 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 
 	fleet := status.Fleet{Generation: od.Generation, Paused: od.Spec.Paused, DesiredReplicas: resource.DesiredReplicas(sized)}
 	fleet.Deployment, fleet.Conflict, fleet.ApplyError = r.applyChildren(ctx, sized)
+	if read != nil && read.Outbox != nil {
+		fleet.BrokerBlocked = read.Outbox.BrokerBlocked
+	}
 	if errors.Is(fleet.ApplyError, errCacheBehind) {
 		ctrl.LoggerFrom(ctx).V(1).Info("Retrying after a stale read", "error", fleet.ApplyError)
 		return ctrl.Result{RequeueAfter: cacheRetry}, nil

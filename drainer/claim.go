@@ -20,6 +20,7 @@ import (
 func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 	defer d.hush.Close()
 	defer d.roster.Close()
+	defer d.blockedFlag.Lower()
 	retry := newRetryBackoff()
 	var next *pendingClaim
 	// followUp is set after a wake-up: rows whose transactions skipped
@@ -40,9 +41,13 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 			if d.broker.Blocked() {
 				// Rows claimed now could only be released; the unblock
 				// wakes the loop.
+				if err := d.blockedFlag.Raise(ctx); err != nil {
+					d.log.Warn("Cannot show the operator that the broker blocks publishing", "error", err)
+				}
 				p.idle(ctx, d.cfg.PollInterval, d.wake)
 				continue
 			}
+			d.blockedFlag.Lower()
 			if wait := d.pushback.wait(); wait > 0 {
 				d.log.Warn("Broker nacked publishes (a queue may be full with overflow reject-publish); rows released, claiming backs off",
 					"retryIn", wait)

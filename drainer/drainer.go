@@ -79,12 +79,14 @@ type Drainer struct {
 	wake chan struct{}
 	// liveness is what /healthz reports.
 	liveness liveness
-	// pushback, strikes, hush and roster belong to the claim loop's
-	// goroutine.
+	// pushback, strikes, hush, roster and blockedFlag belong to the claim
+	// loop's goroutine.
 	pushback pushback
 	strikes  strikes
 	hush     *outbox.NotifyHush
 	roster   *outbox.Roster
+	// blockedFlag tells the operator that the broker blocks publishing.
+	blockedFlag *outbox.BlockedFlag
 	// held are the claims in phases 2 and 3.
 	held heldClaims
 	// refusals are the claims and settles the database keeps refusing.
@@ -114,15 +116,16 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 		log:     log.With("table", store.Table().Name()),
 		dialer: rabbitmq.NewDialer(cfg.Broker, cfg.DrainerID, cfg.PipelineDepth, cfg.MaxPayloadBytes, store.Table().PayloadType(),
 			log.With("table", store.Table().Name())),
-		wake:     make(chan struct{}, 1),
-		liveness: liveness{lease: cfg.LeaseTTL},
-		pushback: pushback{backoff: newRetryBackoff()},
-		strikes:  strikes{},
-		hush:     store.NotifyHush(cfg.Table),
-		roster:   store.Roster(cfg.Table),
-		held:     heldClaims{tokens: map[int64]int{}},
-		refusals: newRefusals(store.Table().Name(), metrics),
-		guard:    newCommitGuard(cfg.MaxCommitLatency),
+		wake:        make(chan struct{}, 1),
+		liveness:    liveness{lease: cfg.LeaseTTL},
+		pushback:    pushback{backoff: newRetryBackoff()},
+		strikes:     strikes{},
+		hush:        store.NotifyHush(cfg.Table),
+		roster:      store.Roster(cfg.Table),
+		blockedFlag: store.BlockedFlag(cfg.Table),
+		held:        heldClaims{tokens: map[int64]int{}},
+		refusals:    newRefusals(store.Table().Name(), metrics),
+		guard:       newCommitGuard(cfg.MaxCommitLatency),
 	}
 	d.rate = newRateCap(cfg.MaxRate, cfg.BatchSize, d.guard.allowed())
 	if d.guard != nil {

@@ -39,6 +39,9 @@ type OutboxStatus struct {
 	// Blocked are the keys a failed row holds back, on a table ordered per
 	// key whose failures block; nil otherwise.
 	Blocked *BlockedKeys
+	// BrokerBlocked is how many drainers of the table say their broker
+	// blocks publishing (BlockedFlag); only the operator's read counts them.
+	BrokerBlocked int64
 }
 
 // PoisonCause is one last error shared by poisoned rows.

@@ -207,6 +207,10 @@ func (r *Reader) readHealth(ctx context.Context, tx pgx.Tx, url string, req Heal
 	if err != nil {
 		return nil, r.noAnswer(ctx, secret.RedactError(err, url))
 	}
+	blocked := req.Spec.BlockedDrainers()
+	if err := tx.QueryRow(ctx, blocked.SQL, blocked.Args...).Scan(&health.Status.BrokerBlocked); err != nil {
+		return nil, r.noAnswer(ctx, secret.RedactError(err, url))
+	}
 	if req.BlockedKeys {
 		blocked, err := ReadBlockedKeys(ctx, tx, t, req.CountLimit)
 		if err != nil {

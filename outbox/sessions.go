@@ -197,6 +197,51 @@ func (r *Roster) Close() {
 	r.conn = nil
 }
 
+// BlockedFlag is a session of its own on which a drainer holds the table's
+// broker-blocked lock, in shared mode, while its broker blocks publishing:
+// the operator's read counts the holders, and the fleet's Ready condition
+// names the block. The session ending lets go of the lock, so a drainer
+// that dies is out of the count at once. Held only while blocked, it costs
+// a connection only then. Used by the claim loop alone.
+type BlockedFlag struct {
+	pool *pgxpool.Pool
+	spec TableSpec
+	conn *pgx.Conn
+}
+
+// BlockedFlag returns spec's flag, lowered.
+func (s *Store) BlockedFlag(spec TableSpec) *BlockedFlag { return &BlockedFlag{pool: s.pool, spec: spec} }
+
+// Raise takes the lock, unless this drainer holds it already.
+func (f *BlockedFlag) Raise(ctx context.Context) error {
+	if f.conn != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, rosterTimeout)
+	defer cancel()
+	conn, err := ownSession(ctx, f.pool)
+	if err != nil {
+		return fmt.Errorf("flag the broker's block on %s: %w", f.spec.Name, err)
+	}
+	stmt := f.spec.BlockedFlagRaise()
+	var raised bool
+	if err := conn.QueryRow(ctx, stmt.SQL, stmt.Args...).Scan(&raised); err != nil || !raised {
+		closeSession(conn)
+		if err == nil {
+			err = errors.New("a session other than a drainer's holds the lock exclusively")
+		}
+		return fmt.Errorf("flag the broker's block on %s: %w", f.spec.Name, err)
+	}
+	f.conn = conn
+	return nil
+}
+
+// Lower ends the session, and with it the flag.
+func (f *BlockedFlag) Lower() {
+	closeSession(f.conn)
+	f.conn = nil
+}
+
 // NotifyHush renders the try of the notify trigger's lock in shared mode,
 // for a session of its own. While a drainer holds it, claiming every
 // --wake-coalesce because rows keep coming, commits skip notifying: at a
@@ -211,15 +256,22 @@ func (s TableSpec) NotifyUnhush() Statement {
 	return Statement{SQL: "SELECT pg_advisory_unlock_shared(" + notifyLock("$1") + ")", Args: []any{s.NotifyChannel()}}
 }
 
-// rosterLock is the key of the advisory lock that every capped drainer of
-// the table holds in shared mode on a session of its own (Roster), for the
-// table named by $1: its holders are the drainers running, whatever they
-// hold or wait for. Advisory locks are the database's, so the same table
-// name in another database is another roster.
-const rosterLock = "hashtext('spillway.roster'), hashtext($1)"
+// Two advisory locks of a table, named by $1, are held in shared mode by
+// drainers on sessions of their own, and their holders counted:
+//   - rosterLock, by every capped drainer (Roster): its holders are the
+//     drainers running, whatever they hold or wait for;
+//   - blockedLock, by every drainer whose broker blocks publishing
+//     (BlockedFlag), counted by the operator's read.
+//
+// Advisory locks are the database's, so the same table name in another
+// database is another roster.
+const (
+	rosterLock  = "hashtext('spillway.roster'), hashtext($1)"
+	blockedLock = "hashtext('spillway.broker_blocked'), hashtext($1)"
+)
 
-// rosterTable is the roster statements' $1.
-func (s TableSpec) rosterTable() string {
+// lockTable is the table locks' $1.
+func (s TableSpec) lockTable() string {
 	schema, name := s.QualifiedName()
 	return schema + "." + name
 }
@@ -227,17 +279,33 @@ func (s TableSpec) rosterTable() string {
 // RosterJoin renders the take of the roster lock, in shared mode so that it
 // never waits on another drainer's.
 func (s TableSpec) RosterJoin() Statement {
-	return Statement{SQL: "SELECT pg_try_advisory_lock_shared(" + rosterLock + ")", Args: []any{s.rosterTable()}}
+	return Statement{SQL: "SELECT pg_try_advisory_lock_shared(" + rosterLock + ")", Args: []any{s.lockTable()}}
 }
 
 // RosterOthers renders the count of the other sessions holding the roster
-// lock, run on the session holding it. pg_locks shows an advisory key of
-// two int4 as classid and objid, with objsubid 2.
+// lock, run on the session holding it.
 func (s TableSpec) RosterOthers() Statement {
-	return Statement{SQL: `SELECT count(*) FROM pg_locks, (SELECT ` + rosterLock + `) AS k(k1, k2)
-WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
+	return Statement{SQL: lockHolders(rosterLock) + " AND pid <> pg_backend_pid()", Args: []any{s.lockTable()}}
+}
+
+// BlockedFlagRaise renders the take of the broker-blocked lock.
+func (s TableSpec) BlockedFlagRaise() Statement {
+	return Statement{SQL: "SELECT pg_try_advisory_lock_shared(" + blockedLock + ")", Args: []any{s.lockTable()}}
+}
+
+// BlockedDrainers renders the count of the drainers holding the
+// broker-blocked lock.
+func (s TableSpec) BlockedDrainers() Statement {
+	return Statement{SQL: lockHolders(blockedLock), Args: []any{s.lockTable()}}
+}
+
+// lockHolders is the count of the sessions holding the advisory lock key.
+// pg_locks shows a key of two int4 as classid and objid, with objsubid 2.
+func lockHolders(key string) string {
+	return `SELECT count(*) FROM pg_locks, (SELECT ` + key + `) AS k(k1, k2)
+WHERE locktype = 'advisory' AND granted
 	AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
-	AND classid = k1::oid AND objid = k2::oid AND objsubid = 2`, Args: []any{s.rosterTable()}}
+	AND classid = k1::oid AND objid = k2::oid AND objsubid = 2`
 }
 
 // Listen renders the LISTEN on the table's notify channel.

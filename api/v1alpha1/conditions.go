@@ -9,7 +9,8 @@ const (
 	// outbox was read. Otherwise it is False with the first reason that
 	// applies: ResourceConflict, Paused, ScaledToZero, SecretNotFound,
 	// OutboxNotReadYet, TableNotUsable or StatementRefused (the drainers
-	// cannot drain the table), DatabaseUnreachable, ReplicasNotReady.
+	// cannot drain the table), DatabaseUnreachable, BrokerBlocked (drainers
+	// say a memory or disk alarm blocks their broker), ReplicasNotReady.
 	ConditionReady ConditionType = "Ready"
 	// ConditionDatabaseReachable is True when the last read of the outbox
 	// succeeded, and False with the reason it did not: SecretNotFound,
@@ -34,7 +35,7 @@ const (
 	ConditionStalled ConditionType = "Stalled"
 	// ConditionReconciling is True while the fleet is on its way to Ready
 	// on its own: rolling out (RollingOut), drainers starting
-	// (ReplicasNotReady), the outbox not read yet (OutboxNotReadYet) or its
+	// (ReplicasNotReady) or waiting out a broker's alarm (BrokerBlocked), the outbox not read yet (OutboxNotReadYet) or its
 	// database unreachable for now (DatabaseUnreachable). kstatus reads it
 	// as InProgress; with neither it and Stalled True, the fleet is Current.
 	ConditionReconciling ConditionType = "Reconciling"
@@ -44,6 +45,7 @@ const (
 const (
 	ReasonAllReplicasReady         = "AllReplicasReady"
 	ReasonReplicasNotReady         = "ReplicasNotReady"
+	ReasonBrokerBlocked            = "BrokerBlocked"
 	ReasonPaused                   = "Paused"
 	ReasonScaledToZero             = "ScaledToZero"
 	ReasonSecretNotFound           = "SecretNotFound"

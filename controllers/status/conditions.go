@@ -57,6 +57,9 @@ type Fleet struct {
 	Conflict *Conflict
 	// ApplyError is the first child object that could not be applied.
 	ApplyError error
+	// BrokerBlocked is how many drainers said, at the last read of the
+	// outbox, that their broker blocks publishing.
+	BrokerBlocked int64
 }
 
 func condition(t v1alpha1.ConditionType, s metav1.ConditionStatus, generation int64, reason, message string) metav1.Condition {
@@ -96,6 +99,10 @@ func Ready(f Fleet, missingSecrets []string, database metav1.Condition) metav1.C
 		return notReady(database.Reason, database.Message)
 	case database.Status != metav1.ConditionTrue:
 		return notReady(v1alpha1.ReasonDatabaseUnreachable, database.Message)
+	case f.BrokerBlocked > 0:
+		return notReady(v1alpha1.ReasonBrokerBlocked, fmt.Sprintf(
+			"%d of %d drainers are ready; %d say the broker blocks publishing (a memory or disk alarm in its cluster), and claim nothing until it clears",
+			ready, f.DesiredReplicas, f.BrokerBlocked))
 	case ready < f.DesiredReplicas:
 		return notReady(v1alpha1.ReasonReplicasNotReady, fmt.Sprintf("%d of %d drainers are ready", ready, f.DesiredReplicas))
 	}

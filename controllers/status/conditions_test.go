@@ -70,6 +70,19 @@ var _ = Describe("Conditions", func() {
 				HaveField("Message", "1 of 3 drainers are ready")))
 		})
 
+		It("names the broker's block when drainers say it blocks their publishes, and Reconciling waits for it to clear", func() {
+			f := fleet(3)
+			f.Deployment.Status.ReadyReplicas, f.BrokerBlocked = 1, 2
+			ready := Ready(f, nil, reachable)
+			Expect(ready).To(And(
+				HaveField("Status", metav1.ConditionFalse), HaveField("Reason", "BrokerBlocked"),
+				HaveField("Message", "1 of 3 drainers are ready; 2 say the broker blocks publishing (a memory or disk alarm in its cluster), and claim nothing until it clears")))
+			stalled := Stalled(7, ready, reachable, metav1.Condition{})
+			Expect(stalled.Status).To(Equal(metav1.ConditionFalse), "an alarm clears on its own")
+			Expect(Reconciling(7, ready, metav1.Condition{}, stalled)).To(And(
+				HaveField("Status", metav1.ConditionTrue), HaveField("Reason", "BrokerBlocked")))
+		})
+
 		It("says a Secret is missing before it says the database is unreachable", func() {
 			unreachable := metav1.Condition{Type: "DatabaseReachable", Status: metav1.ConditionFalse, Reason: v1alpha1.ReasonSecretNotFound, Message: `Secret "db" (database URL) was not found`}
 			c := Ready(fleet(3), []string{`Secret "db" (database URL) was not found`, `Secret "mq" (broker URL) has no key "url"`}, unreachable)

@@ -14,6 +14,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -103,6 +104,9 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 			Should(Equal(1.0))
 		Eventually(func() string { return readyz(d.addr) }, 10*time.Second, 50*time.Millisecond).
 			Should(HavePrefix("503 broker is blocking publishes"))
+		Eventually(func() int64 { return blockedDrainers(ctx, f) }, 10*time.Second, 50*time.Millisecond).Should(Equal(int64(1)),
+			"the drainer flags the block for the operator's Ready condition")
+		w.timeline.Mark("the drainer's broker_blocked flag counted in the outbox's database")
 		Eventually(func() int { return len(claimed(ctx, f)) }, 30*time.Second).Should(BeZero(), "claims in flight released")
 		before, err := testenv.Metric(d.addr, "spillway_drainer_claimed_rows_total")
 		Expect(err).NotTo(HaveOccurred())
@@ -112,6 +116,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		time.Sleep(time.Until(alarmAt.Add(20 * time.Second)))
 		rabbitmqctl(alarmed, "set_vm_memory_high_watermark", watermark)
 		w.timeline.Mark("alarm cleared")
+		Eventually(func() int64 { return blockedDrainers(ctx, f) }, 30*time.Second, 50*time.Millisecond).Should(BeZero())
 		r := f.finish(ctx, w)
 		r.fault, r.timeline = "4. memory alarm on one node for 20 s", w.timeline
 		record(r)
@@ -243,4 +248,13 @@ func renewServerCertificate() {
 		Expect(err).NotTo(HaveOccurred(), "%s", out)
 	}
 	cluster("reload-certs")
+}
+
+// blockedDrainers is how many drainers flag their broker's block, as the
+// operator's read counts them.
+func blockedDrainers(ctx context.Context, f *fleet) int64 {
+	stmt := outbox.TableSpec{Name: f.outbox.Table}.BlockedDrainers()
+	var n int64
+	Expect(pool.QueryRow(ctx, stmt.SQL, stmt.Args...).Scan(&n)).To(Succeed())
+	return n
 }
