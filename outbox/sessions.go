@@ -210,7 +210,9 @@ type BlockedFlag struct {
 }
 
 // BlockedFlag returns spec's flag, lowered.
-func (s *Store) BlockedFlag(spec TableSpec) *BlockedFlag { return &BlockedFlag{pool: s.pool, spec: spec} }
+func (s *Store) BlockedFlag(spec TableSpec) *BlockedFlag {
+	return &BlockedFlag{pool: s.pool, spec: spec}
+}
 
 // Raise takes the lock, unless this drainer holds it already.
 func (f *BlockedFlag) Raise(ctx context.Context) error {
