@@ -224,9 +224,10 @@ func (d drainer) waitDraining(n int) int {
 	return node
 }
 
-// finish stops the traffic, waits for every row to be published, and
-// accounts for each against the messages the queue received.
-func (f *fleet) finish(ctx context.Context, w *watch) report {
+// finish stops the traffic, waits for every row to be published, accounts
+// for each against the messages the queue received, and records the
+// fault's figures.
+func (f *fleet) finish(ctx context.Context, w *watch, fault string) {
 	written, err := f.stopTraffic()
 	Expect(err).NotTo(HaveOccurred())
 	_, err = f.outbox.WaitDrained(ctx, 3*time.Minute)
@@ -239,8 +240,8 @@ func (f *fleet) finish(ctx context.Context, w *watch) report {
 	withChannel(func(ch *amqp.Channel) {
 		r.lost, r.duplicates = account(ch, f.topo.Queue, ids)
 	})
-	r.events, r.recovery, r.reported, r.logged = len(ids), w.longestPause(), w.reported(), w.logged()
-	return r
+	r.fault, r.events, r.recovery, r.reported, r.logged, r.timeline = fault, len(ids), w.longestPause(), w.reported(), w.logged(), w.timeline
+	record(r)
 }
 
 // account consumes the queue until it has stayed empty for a second, and

@@ -38,10 +38,8 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		Eventually(func() int { return connectedNode(d.id) }, time.Minute, 200*time.Millisecond).
 			Should(And(Not(BeZero()), Not(Equal(node))), "reconnected to another node")
 		w.timeline.Mark("connected to %s", nodeName(connectedNode(d.id)))
-		r := f.finish(ctx, w)
+		f.finish(ctx, w, "1. the drainer's node killed (kill -9)")
 		cluster("start-node", strconv.Itoa(node))
-		r.fault, r.timeline = "1. the drainer's node killed (kill -9)", w.timeline
-		record(r)
 	})
 
 	It("loses no event through a rolling restart of all three nodes", func(ctx SpecContext) {
@@ -55,9 +53,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 			cluster("restart-node", strconv.Itoa(n))
 			w.timeline.Mark("%s back in the cluster", nodeName(n))
 		}
-		r := f.finish(ctx, w)
-		r.fault, r.timeline = "2. rolling restart of the three nodes", w.timeline
-		record(r)
+		f.finish(ctx, w, "2. rolling restart of the three nodes")
 	})
 
 	It("loses no event when the node leading the quorum queue stops and leadership moves", func(ctx SpecContext) {
@@ -83,9 +79,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		time.Sleep(10 * time.Second) // draining with a two-node majority
 		rabbitmqctl(leader, "start_app")
 		w.timeline.Mark("%s started again", nodeName(leader))
-		r := f.finish(ctx, w)
-		r.fault, r.timeline = "3. the quorum queue's leader stopped", w.timeline
-		record(r)
+		f.finish(ctx, w, "3. the quorum queue's leader stopped")
 	})
 
 	It("takes no claim while a memory alarm on another node blocks publishing, shows it, and goes on once it clears", func(ctx SpecContext) {
@@ -117,9 +111,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		rabbitmqctl(alarmed, "set_vm_memory_high_watermark", watermark)
 		w.timeline.Mark("alarm cleared")
 		Eventually(func() int64 { return blockedDrainers(ctx, f) }, 30*time.Second, 50*time.Millisecond).Should(BeZero())
-		r := f.finish(ctx, w)
-		r.fault, r.timeline = "4. memory alarm on one node for 20 s", w.timeline
-		record(r)
+		f.finish(ctx, w, "4. memory alarm on one node for 20 s")
 	})
 
 	It("moves to the majority when its node is cut off from the other two, and loses no event", func(ctx SpecContext) {
@@ -137,9 +129,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		time.Sleep(10 * time.Second)
 		cluster("heal-node", strconv.Itoa(node))
 		w.timeline.Mark("partition healed")
-		r := f.finish(ctx, w)
-		r.fault, r.timeline = "5. the drainer's node partitioned, then healed", w.timeline
-		record(r)
+		f.finish(ctx, w, "5. the drainer's node partitioned, then healed")
 	})
 
 	It("keeps draining over TLS with a client certificate while the brokers' certificate is rotated", func(ctx SpecContext) {
@@ -157,9 +147,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 			rabbitmqctl(n, "close_all_connections", "certificate rotated")
 		}
 		Eventually(func() int { return connectedNode(d.id) }, time.Minute, 200*time.Millisecond).ShouldNot(BeZero(), "reconnected")
-		r := f.finish(ctx, w)
-		r.fault, r.timeline = "6. broker certificate rotated (TLS, EXTERNAL)", w.timeline
-		record(r)
+		f.finish(ctx, w, "6. broker certificate rotated (TLS, EXTERNAL)")
 	})
 
 	It("refuses a broker whose certificate another CA signed, marks nothing, and drains once given the right CA", func(ctx SpecContext) {
@@ -178,9 +166,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 
 		copyFile(certs("ca.crt"), ca)
 		w.timeline.Mark("the right CA written to the file")
-		r := f.finish(ctx, w)
-		r.fault, r.timeline = "7. a certificate of the wrong CA refused", w.timeline
-		record(r)
+		f.finish(ctx, w, "7. a certificate of the wrong CA refused")
 	})
 })
 
