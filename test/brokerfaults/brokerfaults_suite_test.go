@@ -11,10 +11,7 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,6 +24,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/spillway-io/spillway/secret"
+	"github.com/spillway-io/spillway/test/rabbitcluster"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 	"github.com/spillway-io/spillway/test/tier"
@@ -47,9 +45,8 @@ var (
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
-	if _, err := exec.LookPath("rabbitmq-server"); err != nil {
-		missing := "RabbitMQ is not installed: the broker cluster suite starts three rabbitmq-server nodes (apt-get install rabbitmq-server)"
-		if os.Getenv("CI") == "true" {
+	if missing := rabbitcluster.Missing(); missing != "" {
+		if rabbitcluster.InCI() {
 			Fail(missing)
 		}
 		Skip(missing)
@@ -83,59 +80,16 @@ var _ = ReportAfterSuite("the faults' figures", func(r Report) {
 
 // cluster runs hack/rabbitmq-cluster.sh, failing the spec if it fails.
 func cluster(args ...string) string {
-	cmd := exec.Command("hack/rabbitmq-cluster.sh", args...)
-	cmd.Dir = testenv.RepoRoot()
-	out, err := cmd.CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), "hack/rabbitmq-cluster.sh %s: %s", strings.Join(args, " "), out)
-	return strings.TrimSpace(string(out))
+	out, err := rabbitcluster.Script(args...)
+	Expect(err).NotTo(HaveOccurred())
+	return out
 }
 
 // rabbitmqctl runs rabbitmqctl against node N (1–3).
 func rabbitmqctl(node int, args ...string) string {
-	out, err := exec.Command("rabbitmqctl", append([]string{"-n", nodeName(node), "--quiet"}, args...)...).CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), "rabbitmqctl -n %s %v: %s", nodeName(node), args, out)
-	return strings.TrimSpace(string(out))
-}
-
-func nodeName(n int) string { return fmt.Sprintf("spill%d@localhost", n) }
-
-// amqpPort and amqpsPort are node N's listeners (hack/rabbitmq-cluster.sh).
-func amqpPort(n int) int  { return 5681 + n }
-func amqpsPort(n int) int { return 5691 + n }
-
-// nodeOfPort is the node listening on port, or 0.
-func nodeOfPort(port int) int {
-	for n := 1; n <= 3; n++ {
-		if port == amqpPort(n) || port == amqpsPort(n) {
-			return n
-		}
-	}
-	return 0
-}
-
-// connectionPort matches a connection's name, "client -> 127.0.0.1:5683".
-var connectionPort = regexp.MustCompile(`-> [^ \t]*:(\d+)`)
-
-// connectedNode is the node the drainer's connection is on, as the cluster
-// lists its connections, or 0 while it has none.
-func connectedNode(drainerID string) int {
-	for n := 1; n <= 3; n++ {
-		out, err := exec.Command("rabbitmqctl", "-n", nodeName(n), "--quiet", "list_connections", "name", "client_properties").CombinedOutput()
-		if err != nil {
-			continue // a node down or paused: ask the next
-		}
-		for _, line := range strings.Split(string(out), "\n") {
-			if !strings.Contains(line, `"spillway-drainer/`+drainerID+`"`) {
-				continue
-			}
-			if m := connectionPort.FindStringSubmatch(line); m != nil {
-				port, _ := strconv.Atoi(m[1])
-				return nodeOfPort(port)
-			}
-		}
-		return 0
-	}
-	return 0
+	out, err := rabbitcluster.Ctl(node, args...)
+	Expect(err).NotTo(HaveOccurred())
+	return out
 }
 
 // certs is the cluster's certificate directory (hack/tls-certs.sh).
@@ -185,14 +139,8 @@ func newFleet(ctx context.Context) *fleet {
 // withChannel runs fn on a channel of a fresh connection to the first node
 // that answers.
 func withChannel(fn func(ch *amqp.Channel)) {
-	var conn *amqp.Connection
-	var err error
-	for n := 1; n <= 3; n++ {
-		if conn, err = amqp.Dial(fmt.Sprintf("amqp://guest:guest@127.0.0.1:%d/", amqpPort(n))); err == nil {
-			break
-		}
-	}
-	Expect(err).NotTo(HaveOccurred(), "no node of the cluster answers")
+	conn, err := rabbitcluster.Dial()
+	Expect(err).NotTo(HaveOccurred())
 	defer conn.Close()
 	ch, err := conn.Channel()
 	Expect(err).NotTo(HaveOccurred())
@@ -220,7 +168,7 @@ func (d drainer) waitDraining(n int) int {
 	Eventually(func() (float64, error) { return testenv.Metric(d.addr, "spillway_drainer_published_rows_total") }, time.Minute, 50*time.Millisecond).
 		Should(BeNumerically(">=", n))
 	var node int
-	Eventually(func() int { node = connectedNode(d.id); return node }, 30*time.Second, 200*time.Millisecond).ShouldNot(BeZero())
+	Eventually(func() int { node = rabbitcluster.ConnectedNode(d.id); return node }, 30*time.Second, 200*time.Millisecond).ShouldNot(BeZero())
 	return node
 }
 
@@ -238,40 +186,12 @@ func (f *fleet) finish(ctx context.Context, w *watch, fault string) {
 	Expect(suite.DB{Pool: pool}.Count(ctx, f.outbox.Table, "attempts > 0")).To(BeZero(), "a broker fault counted an attempt against a row")
 	var r report
 	withChannel(func(ch *amqp.Channel) {
-		r.lost, r.duplicates = account(ch, f.topo.Queue, ids)
+		var err error
+		r.lost, r.duplicates, err = rabbitcluster.Account(ch, f.topo.Queue, ids)
+		Expect(err).NotTo(HaveOccurred())
 	})
 	r.fault, r.events, r.recovery, r.reported, r.logged, r.timeline = fault, len(ids), w.longestPause(), w.reported(), w.logged(), w.timeline
 	record(r)
-}
-
-// account consumes the queue until it has stayed empty for a second, and
-// counts the ids that never arrived and the extra copies of those that did.
-func account(ch *amqp.Channel, queue string, ids []string) (lost, duplicates int) {
-	Expect(ch.Qos(2000, 0, false)).To(Succeed())
-	tag := testenv.UniqueName("ledger")
-	deliveries, err := ch.Consume(queue, tag, true, true, false, false, nil)
-	Expect(err).NotTo(HaveOccurred())
-	defer func() { _ = ch.Cancel(tag, false) }()
-	seen := make(map[string]int, len(ids))
-	quiet := time.NewTimer(10 * time.Second) // the first message may take a moment
-	for done := false; !done; {
-		select {
-		case d := <-deliveries:
-			seen[d.MessageId]++
-			quiet.Reset(time.Second)
-		case <-quiet.C:
-			done = true
-		}
-	}
-	for _, id := range ids {
-		switch n := seen[id]; {
-		case n == 0:
-			lost++
-		case n > 1:
-			duplicates += n - 1
-		}
-	}
-	return lost, duplicates
 }
 
 // report is one fault's figures.

@@ -15,6 +15,7 @@ import (
 	. "github.com/onsi/gomega"
 
 	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/test/rabbitcluster"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
@@ -29,48 +30,48 @@ func tlsArgs(ca string) []string {
 var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 	It("loses no event when the node the drainer is connected to is killed with kill -9", func(ctx SpecContext) {
 		f := newFleet(ctx)
-		d := f.drain("kill", env["SPILLWAY_RMQ_AMQP_URLS"])
+		d := f.drain("kill", rabbitcluster.URLs())
 		node := d.waitDraining(2000)
 		w := watchDrainer(d)
 
-		w.fault("kill -9 of " + nodeName(node) + ", the drainer's node")
+		w.fault("kill -9 of " + rabbitcluster.NodeName(node) + ", the drainer's node")
 		cluster("kill-node", strconv.Itoa(node))
-		Eventually(func() int { return connectedNode(d.id) }, time.Minute, 200*time.Millisecond).
+		Eventually(func() int { return rabbitcluster.ConnectedNode(d.id) }, time.Minute, 200*time.Millisecond).
 			Should(And(Not(BeZero()), Not(Equal(node))), "reconnected to another node")
-		w.timeline.Mark("connected to %s", nodeName(connectedNode(d.id)))
+		w.timeline.Mark("connected to %s", rabbitcluster.NodeName(rabbitcluster.ConnectedNode(d.id)))
 		f.finish(ctx, w, "1. the drainer's node killed (kill -9)")
 		cluster("start-node", strconv.Itoa(node))
 	})
 
 	It("loses no event through a rolling restart of all three nodes", func(ctx SpecContext) {
 		f := newFleet(ctx)
-		d := f.drain("rolling", env["SPILLWAY_RMQ_AMQP_URLS"])
+		d := f.drain("rolling", rabbitcluster.URLs())
 		d.waitDraining(2000)
 		w := watchDrainer(d)
 
 		for n := 1; n <= 3; n++ {
-			w.fault("restart of " + nodeName(n))
+			w.fault("restart of " + rabbitcluster.NodeName(n))
 			cluster("restart-node", strconv.Itoa(n))
-			w.timeline.Mark("%s back in the cluster", nodeName(n))
+			w.timeline.Mark("%s back in the cluster", rabbitcluster.NodeName(n))
 		}
 		f.finish(ctx, w, "2. rolling restart of the three nodes")
 	})
 
 	It("loses no event when the node leading the quorum queue stops and leadership moves", func(ctx SpecContext) {
 		f := newFleet(ctx)
-		d := f.drain("leader", env["SPILLWAY_RMQ_AMQP_URLS"])
+		d := f.drain("leader", rabbitcluster.URLs())
 		d.waitDraining(2000)
 		w := watchDrainer(d)
 
-		leader := leaderSeenBy(1, f.topo.Queue)
+		leader := rabbitcluster.Leader(1, f.topo.Queue)
 		Expect(leader).NotTo(BeZero(), "the queue has a leader")
-		w.fault("stop_app on " + nodeName(leader) + ", the queue's leader")
+		w.fault("stop_app on " + rabbitcluster.NodeName(leader) + ", the queue's leader")
 		rabbitmqctl(leader, "stop_app")
 		DeferCleanup(func() { rabbitmqctl(leader, "start_app") })
 		Eventually(func() int {
 			for n := 1; n <= 3; n++ {
 				if n != leader {
-					return leaderSeenBy(n, f.topo.Queue)
+					return rabbitcluster.Leader(n, f.topo.Queue)
 				}
 			}
 			return 0
@@ -78,18 +79,18 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		w.timeline.Mark("leadership moved")
 		time.Sleep(10 * time.Second) // draining with a two-node majority
 		rabbitmqctl(leader, "start_app")
-		w.timeline.Mark("%s started again", nodeName(leader))
+		w.timeline.Mark("%s started again", rabbitcluster.NodeName(leader))
 		f.finish(ctx, w, "3. the quorum queue's leader stopped")
 	})
 
 	It("takes no claim while a memory alarm on another node blocks publishing, shows it, and goes on once it clears", func(ctx SpecContext) {
 		f := newFleet(ctx)
-		d := f.drain("alarm", env["SPILLWAY_RMQ_AMQP_URLS"], "--pipeline-depth", "16", "--lease-ttl", "6s")
+		d := f.drain("alarm", rabbitcluster.URLs(), "--pipeline-depth", "16", "--lease-ttl", "6s")
 		node := d.waitDraining(2000)
 		alarmed := node%3 + 1 // another node: an alarm anywhere blocks publishers everywhere
 		w := watchDrainer(d)
 
-		w.fault("memory alarm on " + nodeName(alarmed))
+		w.fault("memory alarm on " + rabbitcluster.NodeName(alarmed))
 		watermark := rabbitmqctl(alarmed, "eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
 		rabbitmqctl(alarmed, "set_vm_memory_high_watermark", "0.0000001")
 		alarmAt := time.Now()
@@ -116,16 +117,16 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 
 	It("moves to the majority when its node is cut off from the other two, and loses no event", func(ctx SpecContext) {
 		f := newFleet(ctx)
-		d := f.drain("partition", env["SPILLWAY_RMQ_AMQP_URLS"])
+		d := f.drain("partition", rabbitcluster.URLs())
 		node := d.waitDraining(2000)
 		w := watchDrainer(d)
 
-		w.fault("partition: " + nodeName(node) + ", the drainer's node, cut off from the other two")
+		w.fault("partition: " + rabbitcluster.NodeName(node) + ", the drainer's node, cut off from the other two")
 		cluster("partition-node", strconv.Itoa(node))
 		DeferCleanup(func() { cluster("heal-node", strconv.Itoa(node)) })
-		Eventually(func() int { return connectedNode(d.id) }, time.Minute, 200*time.Millisecond).
+		Eventually(func() int { return rabbitcluster.ConnectedNode(d.id) }, time.Minute, 200*time.Millisecond).
 			Should(And(Not(BeZero()), Not(Equal(node))), "moved to the majority")
-		w.timeline.Mark("connected to %s", nodeName(connectedNode(d.id)))
+		w.timeline.Mark("connected to %s", rabbitcluster.NodeName(rabbitcluster.ConnectedNode(d.id)))
 		time.Sleep(10 * time.Second)
 		cluster("heal-node", strconv.Itoa(node))
 		w.timeline.Mark("partition healed")
@@ -146,7 +147,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		for n := 1; n <= 3; n++ {
 			rabbitmqctl(n, "close_all_connections", "certificate rotated")
 		}
-		Eventually(func() int { return connectedNode(d.id) }, time.Minute, 200*time.Millisecond).ShouldNot(BeZero(), "reconnected")
+		Eventually(func() int { return rabbitcluster.ConnectedNode(d.id) }, time.Minute, 200*time.Millisecond).ShouldNot(BeZero(), "reconnected")
 		f.finish(ctx, w, "6. broker certificate rotated (TLS, EXTERNAL)")
 	})
 
@@ -170,33 +171,10 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 	})
 })
 
-// leaderSeenBy is the queue's leader as node N lists it, or 0.
-func leaderSeenBy(node int, queue string) int {
-	out, err := execOut("rabbitmqctl", "-n", nodeName(node), "--quiet", "list_queues", "name", "leader")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(out, "\n") {
-		if fields := strings.Fields(line); len(fields) == 2 && fields[0] == queue {
-			for n := 1; n <= 3; n++ {
-				if fields[1] == nodeName(n) {
-					return n
-				}
-			}
-		}
-	}
-	return 0
-}
-
 func copyFile(from, to string) {
 	b, err := os.ReadFile(from)
 	Expect(err).NotTo(HaveOccurred())
 	Expect(os.WriteFile(to, b, 0o600)).To(Succeed())
-}
-
-func execOut(name string, args ...string) (string, error) {
-	out, err := exec.Command(name, args...).CombinedOutput()
-	return strings.TrimSpace(string(out)), err
 }
 
 // claimed are the rows claimed and not yet published.
@@ -214,7 +192,7 @@ func pending(ctx context.Context, f *fleet) int {
 // servedSerial is the serial of the certificate node N's TLS listener
 // serves to a new connection.
 func servedSerial(node int) string {
-	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", amqpsPort(node)),
+	conn, err := tls.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", rabbitcluster.AMQPSPort(node)),
 		&tls.Config{InsecureSkipVerify: true}) // only to read what it serves
 	Expect(err).NotTo(HaveOccurred())
 	defer conn.Close()
