@@ -186,9 +186,9 @@ func (f *fleet) finish(ctx context.Context, w *watch, fault string) {
 	Expect(suite.DB{Pool: pool}.Count(ctx, f.outbox.Table, "attempts > 0")).To(BeZero(), "a broker fault counted an attempt against a row")
 	var r report
 	withChannel(func(ch *amqp.Channel) {
-		var err error
-		r.lost, r.duplicates, err = rabbitcluster.Account(ch, f.topo.Queue, ids)
+		lost, duplicates, err := rabbitcluster.Account(ch, f.topo.Queue, ids)
 		Expect(err).NotTo(HaveOccurred())
+		r.lost, r.duplicates = len(lost), duplicates
 	})
 	r.fault, r.events, r.recovery, r.reported, r.logged, r.timeline = fault, len(ids), w.longestPause(), w.reported(), w.logged(), w.timeline
 	record(r)

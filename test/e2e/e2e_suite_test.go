@@ -24,6 +24,7 @@ import (
 	"github.com/spillway-io/spillway/controllers"
 	"github.com/spillway-io/spillway/test/kubeenv"
 	"github.com/spillway-io/spillway/test/localnode"
+	"github.com/spillway-io/spillway/test/rabbitcluster"
 	"github.com/spillway-io/spillway/test/testenv"
 	"github.com/spillway-io/spillway/test/tier"
 )
@@ -75,6 +76,8 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	assets, err := kubeenv.ClusterAssets()
 	Expect(err).NotTo(HaveOccurred())
 	cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{
+		// The broker cluster's nodes, for the fleet that publishes to it.
+		Forward: rabbitcluster.Addrs(),
 		Images: map[string]localnode.Image{
 			// The Dockerfile's image: the static binary, as distroless's
 			// nonroot user.

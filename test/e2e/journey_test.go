@@ -258,6 +258,8 @@ var _ = Describe("Spillway on the local cluster", Ordered, func() {
 
 	describeFaults(env)
 
+	describeBrokerCluster(env)
+
 	describeAutoscaling()
 })
 

@@ -56,6 +56,9 @@ type ClusterOptions struct {
 	Images map[string]localnode.Image
 	// Progress receives a line per step; nil is quiet.
 	Progress io.Writer
+	// Forward are more loopback addresses of the host that the pods reach,
+	// beside the test Postgres and RabbitMQ.
+	Forward []string
 }
 
 // ClusterAssets is the directory of the cluster's binaries, which
@@ -173,6 +176,7 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	if err != nil {
 		return c, err
 	}
+	forward = append(forward, opts.Forward...)
 	images, err := installImages(filepath.Join(dir, "images"), opts.Images)
 	if err != nil {
 		return c, err

@@ -128,16 +128,17 @@ func Dial() (*amqp.Connection, error) {
 	return nil, fmt.Errorf("no node of the cluster answers: %w", errors.Join(errs...))
 }
 
-// Account consumes queue until it has stayed empty for a second, and counts
-// the ids that never arrived and the extra copies of those that did.
-func Account(ch *amqp.Channel, queue string, ids []string) (lost, duplicates int, err error) {
+// Account consumes queue until it has stayed empty for a second, and
+// returns the ids that never arrived and counts the extra copies of those
+// that did.
+func Account(ch *amqp.Channel, queue string, ids []string) (lost []string, duplicates int, err error) {
 	if err := ch.Qos(2000, 0, false); err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
 	tag := testenv.UniqueName("ledger")
 	deliveries, err := ch.Consume(queue, tag, true, true, false, false, nil)
 	if err != nil {
-		return 0, 0, err
+		return nil, 0, err
 	}
 	defer func() { _ = ch.Cancel(tag, false) }()
 	seen := make(map[string]int, len(ids))
@@ -154,7 +155,7 @@ func Account(ch *amqp.Channel, queue string, ids []string) (lost, duplicates int
 	for _, id := range ids {
 		switch n := seen[id]; {
 		case n == 0:
-			lost++
+			lost = append(lost, id)
 		case n > 1:
 			duplicates += n - 1
 		}
