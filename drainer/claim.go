@@ -232,7 +232,7 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 		d.broker.Close()
 		d.broker = nil
 		d.current.Store(nil)
-		d.brokerChanged()
+		d.showBroker()
 	}
 	// The dial reads the URL file afresh.
 	d.rotateBroker.Store(false)
@@ -252,7 +252,7 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	d.broker = b
 	d.dialFailure.Store(nil)
 	d.current.Store(&openSink{b})
-	d.brokerChanged()
+	d.showBroker()
 	return nil
 }
 

@@ -146,13 +146,20 @@ func (d *Drainer) poke() {
 	}
 }
 
-// brokerChanged follows the broker connection into the metrics, and wakes
-// the claim loop: the connection failed, or was blocked or unblocked.
+// brokerChanged is the sink's word that the connection failed, or was
+// blocked or unblocked: the metrics follow, and the claim loop wakes.
 func (d *Drainer) brokerChanged() {
+	d.showBroker()
+	d.poke()
+}
+
+// showBroker follows the broker connection into the metrics. The claim
+// loop's own connects and closes call it without a wake-up, which would
+// cost the next notification its claim at once (see WakeCoalesce).
+func (d *Drainer) showBroker() {
 	b := d.current.Load()
 	d.metrics.BrokerConnected.Set(boolGauge(b != nil && b.Healthy()))
 	d.metrics.BrokerBlocked.Set(boolGauge(b != nil && b.Blocked()))
-	d.poke()
 }
 
 func boolGauge(b bool) float64 {
