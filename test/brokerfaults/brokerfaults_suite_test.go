@@ -124,27 +124,16 @@ func newFleet(ctx context.Context) *fleet {
 	// Every node up and clustered, whatever the last spec left.
 	cluster("start")
 	f := &fleet{outbox: testenv.Outbox{DB: pool, Table: suite.Migrate(spillway, pool, "cluster_outbox")}}
-	withChannel(func(ch *amqp.Channel) {
+	onCluster(func(ch *amqp.Channel) {
 		var err error
 		f.topo, err = testenv.DeclareTopology(ch, "#", amqp.Table{"x-queue-type": "quorum"})
 		Expect(err).NotTo(HaveOccurred())
 	})
-	DeferCleanup(func() { withChannel(f.topo.Delete) })
+	DeferCleanup(func() { onCluster(f.topo.Delete) })
 	suite.DB{Pool: pool}.Seed(ctx, f.outbox.Table, backlogRows)
 	f.traffic = testenv.StartTraffic(f.outbox, trafficRate)
 	DeferCleanup(func() { _, _ = f.stopTraffic() })
 	return f
-}
-
-// withChannel runs fn on a channel of a fresh connection to the first node
-// that answers.
-func withChannel(fn func(ch *amqp.Channel)) {
-	conn, err := rabbitcluster.Dial()
-	Expect(err).NotTo(HaveOccurred())
-	defer conn.Close()
-	ch, err := conn.Channel()
-	Expect(err).NotTo(HaveOccurred())
-	fn(ch)
 }
 
 // drainer is one drainer process of a fleet, with its probes' address.
@@ -185,7 +174,7 @@ func (f *fleet) finish(ctx context.Context, w *watch, fault string) {
 	Expect(len(ids)).To(Equal(backlogRows + len(written)))
 	Expect(suite.DB{Pool: pool}.Count(ctx, f.outbox.Table, "attempts > 0")).To(BeZero(), "a broker fault counted an attempt against a row")
 	var r report
-	withChannel(func(ch *amqp.Channel) {
+	onCluster(func(ch *amqp.Channel) {
 		lost, duplicates, err := rabbitcluster.Account(ch, f.topo.Queue, ids)
 		Expect(err).NotTo(HaveOccurred())
 		r.lost, r.duplicates = len(lost), duplicates
@@ -212,4 +201,10 @@ func record(r report) {
 		r.events, r.lost, r.duplicates, r.recovery.Seconds(), r.reported, r.logged, r.timeline))
 	reports = append(reports, r)
 	Expect(r.lost).To(BeZero(), "events lost")
+}
+
+// onCluster runs fn on a channel of a fresh connection to the first node of
+// the broker cluster that answers.
+func onCluster(fn func(ch *amqp.Channel)) {
+	Expect(rabbitcluster.WithChannel(fn)).To(Succeed())
 }

@@ -52,11 +52,11 @@ func describeBrokerCluster(env *journey) {
 				_, err := services.DB.Exec(ctx, "DROP TABLE IF EXISTS "+outbox.Table)
 				Expect(err).NotTo(HaveOccurred())
 			})
-			withClusterChannel(func(ch *amqp.Channel) {
+			onCluster(func(ch *amqp.Channel) {
 				topo, err = testenv.DeclareTopology(ch, "#", amqp.Table{"x-queue-type": "quorum"})
 				Expect(err).NotTo(HaveOccurred())
 			})
-			DeferCleanup(func() { withClusterChannel(topo.Delete) })
+			DeferCleanup(func() { onCluster(topo.Delete) })
 
 			manifests, err := testenv.SampleFleet(outbox.Table, topo.Exchange, "1s")
 			Expect(err).NotTo(HaveOccurred())
@@ -92,7 +92,7 @@ func describeBrokerCluster(env *journey) {
 			f.recovery = f.timeline.Mark("backlog 0") - f.injected
 			ready.stop()
 			f.events = len(all)
-			withClusterChannel(func(ch *amqp.Channel) {
+			onCluster(func(ch *amqp.Channel) {
 				var err error
 				f.lost, f.dups, err = rabbitcluster.Account(ch, topo.Queue, all)
 				Expect(err).NotTo(HaveOccurred())
@@ -140,17 +140,6 @@ func describeBrokerCluster(env *journey) {
 			})
 		})
 	})
-}
-
-// withClusterChannel runs fn on a channel of a fresh connection to the first
-// node of the broker cluster that answers.
-func withClusterChannel(fn func(ch *amqp.Channel)) {
-	conn, err := rabbitcluster.Dial()
-	Expect(err).NotTo(HaveOccurred())
-	defer conn.Close()
-	ch, err := conn.Channel()
-	Expect(err).NotTo(HaveOccurred())
-	fn(ch)
 }
 
 // readyOf is the Ready condition of the fleet at key, or an empty one.
@@ -211,4 +200,10 @@ func (w *readyWatch) seen() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return strings.Join(w.all, " → ")
+}
+
+// onCluster runs fn on a channel of a fresh connection to the first node of
+// the broker cluster that answers.
+func onCluster(fn func(ch *amqp.Channel)) {
+	Expect(rabbitcluster.WithChannel(fn)).To(Succeed())
 }

@@ -128,6 +128,22 @@ func Dial() (*amqp.Connection, error) {
 	return nil, fmt.Errorf("no node of the cluster answers: %w", errors.Join(errs...))
 }
 
+// WithChannel runs fn on a channel of a fresh connection to the first node
+// that answers.
+func WithChannel(fn func(ch *amqp.Channel)) error {
+	conn, err := Dial()
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	fn(ch)
+	return nil
+}
+
 // Account consumes queue until it has stayed empty for a second, and
 // returns the ids that never arrived and counts the extra copies of those
 // that did.
