@@ -9,6 +9,9 @@ import (
 	"sync"
 	"time"
 
+	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/test/rabbitcluster"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -44,6 +47,15 @@ func (w *watch) fault(what string) {
 	}
 	w.mu.Unlock()
 	w.timeline.Mark("%s", what)
+}
+
+// movedFrom waits until the drainer is connected to a node other than
+// node, and marks which.
+func (w *watch) movedFrom(node int) {
+	var now int
+	Eventually(func() int { now = rabbitcluster.ConnectedNode(w.d.id); return now }, time.Minute, 200*time.Millisecond).
+		Should(And(Not(BeZero()), Not(Equal(node))), "the drainer moved to another node")
+	w.timeline.Mark("connected to %s", rabbitcluster.NodeName(now))
 }
 
 func (w *watch) run() {
