@@ -55,6 +55,7 @@ var _ = Describe("A list of broker URLs", Label(tier.DB, tier.Broker), func() {
 
 		Expect(os.WriteFile(file, []byte(testenv.BrokerURL()), 0o600)).To(Succeed())
 		Eventually(func() error { return d.Ready(ctx) }, drainTimeout, 20*time.Millisecond).Should(Succeed())
-		Expect(testutil.ToFloat64(d.metrics.BrokerConnected)).To(Equal(1.0))
+		// The gauge follows the connection a moment after Ready sees it.
+		Eventually(func() float64 { return testutil.ToFloat64(d.metrics.BrokerConnected) }, drainTimeout, 20*time.Millisecond).Should(Equal(1.0))
 	})
 })
