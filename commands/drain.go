@@ -76,7 +76,10 @@ func DrainCommand(ctx context.Context, args []string) error {
 // registerDrainFlags binds every drain flag to c, whose values are the
 // defaults.
 func registerDrainFlags(fs *flag.FlagSet, c *drainer.Config) {
-	registerTableFlags(fs, &c.Database, &c.Table)
+	registerTableFlags(fs, &c.Database, &c.Pooling, &c.Table)
+	fs.StringVar(&c.Pooling.Direct.URL, "database-direct-url", "",
+		"with --database-pool-mode=transaction, a URL past the pooler to Postgres itself, for the drainer's own sessions: the LISTEN that wakes it, the notify hush, the --max-rate roster and the broker-blocked flag (unset: it polls and does without them; for local use)")
+	fs.StringVar(&c.Pooling.Direct.File, "database-direct-url-file", "", "file holding --database-direct-url (a mounted secret)")
 	fs.StringVar(&c.DrainerID, "drainer-id", c.DrainerID, "drainer ID, stamped on claims (default $POD_NAME, then the hostname)")
 	fs.StringVar(&c.Broker.URL, "broker-url", os.Getenv("BROKER_URL"),
 		"AMQP URL of the broker, or the URLs of a cluster's nodes, comma-separated: a drainer connects to one, and moves to the next when it fails (for local use; default $BROKER_URL)")
@@ -117,6 +120,8 @@ func registerDrainFlags(fs *flag.FlagSet, c *drainer.Config) {
 		"with --ordering-key-column, what a failed row does to its key: block (the later rows wait for it; the default) or skip (it is poisoned at once, and they go on)")
 	fs.Float64Var(&c.MaxRate, "max-rate", c.MaxRate,
 		"events per second that all the drainers of the table publish together, at most, each taking an equal share (0: no cap)")
+	fs.IntVar(&c.MaxRateDrainers, "max-rate-drainers", c.MaxRateDrainers,
+		"how many drainers share --max-rate when they cannot count each other: transaction pool mode without --database-direct-url (the operator passes the fleet's replicas)")
 	fs.DurationVar(&c.MaxCommitLatency, "max-commit-latency", c.MaxCommitLatency,
 		"slow the drain down while a commit on the database takes longer than this, as timed on one settle every 100ms committed synchronously (0: off)")
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -23,10 +24,20 @@ func registerTLSFlags(fs *flag.FlagSet, conn string, files *secret.TLSFiles) {
 
 // registerTableFlags binds the flags that name the outbox, its database and
 // its mapping, which drain, migrate and poisoned share.
-func registerTableFlags(fs *flag.FlagSet, database *secret.URLSource, table *outbox.TableSpec) {
-	fs.StringVar(&database.URL, "database-url", os.Getenv("DATABASE_URL"), "outbox database URL, for local use (default $DATABASE_URL)")
+func registerTableFlags(fs *flag.FlagSet, database *secret.URLSource, pooling *outbox.Pooling, table *outbox.TableSpec) {
+	fs.StringVar(&database.URL, "database-url", os.Getenv("DATABASE_URL"),
+		"outbox database URL, for local use (default $DATABASE_URL); several hosts with target_session_attrs=read-write find the primary after a failover")
 	fs.StringVar(&database.File, "database-url-file", "", "file holding the database URL, re-read at every connect (a mounted secret)")
 	registerTLSFlags(fs, "database", &database.TLS)
+	fs.Func("database-pool-mode", `how the URL's server hands out sessions: session (Postgres itself, or a pooler in session mode) or transaction (PgBouncer's pool_mode = transaction: no session state is kept through it) (default "session")`,
+		func(v string) error { pooling.Mode = outbox.PoolMode(v); return nil })
+	fs.BoolFunc("database-prepared-statements",
+		"use named prepared statements (default true in session pool mode; false in transaction mode, where only PgBouncer 1.21+ with max_prepared_statements keeps them)",
+		func(v string) error {
+			on, err := strconv.ParseBool(v)
+			pooling.PreparedStatements = &on
+			return err
+		})
 	fs.StringVar(&table.Name, "table", table.Name, "outbox table, as schema.table")
 	fs.Var(columnsFlag{&table.Columns}, "columns",
 		"column mapping logical=physical, comma-separated; logical names: "+strings.Join(outbox.ColumnFlagNames(), ", "))

@@ -12,9 +12,9 @@ import (
 )
 
 // migrateFlags binds spillway migrate's flags.
-func migrateFlags(database *secret.URLSource, table *outbox.TableSpec, notify *bool) *flag.FlagSet {
+func migrateFlags(database *secret.URLSource, pooling *outbox.Pooling, table *outbox.TableSpec, notify *bool) *flag.FlagSet {
 	fs := flag.NewFlagSet("migrate", flag.ContinueOnError)
-	registerTableFlags(fs, database, table)
+	registerTableFlags(fs, database, pooling, table)
 	fs.BoolVar(notify, "notify", false,
 		"install a statement-level insert trigger that wakes drainers at once (NOTIFY takes a database-wide lock at commit: see docs/outbox-table.md)")
 	return fs
@@ -23,16 +23,18 @@ func migrateFlags(database *secret.URLSource, table *outbox.TableSpec, notify *b
 // MigrateCommand is `spillway migrate`.
 func MigrateCommand(ctx context.Context, args []string) error {
 	var database secret.URLSource
+	var pooling outbox.Pooling
 	table := outbox.TableSpec{Name: outbox.DefaultTableName}
 	notify := new(bool)
-	fs := migrateFlags(&database, &table, notify)
+	fs := migrateFlags(&database, &pooling, &table, notify)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if errs := database.Validate(field.NewPath("database"), "the outbox database's connection URL"); len(errs) > 0 {
+	errs := database.Validate(field.NewPath("database"), "the outbox database's connection URL")
+	if errs = append(errs, pooling.Validate(field.NewPath("database"))...); len(errs) > 0 {
 		return errs.ToAggregate()
 	}
-	pool, err := outbox.ConnectPool(ctx, database, "migrate", true)
+	pool, err := outbox.ConnectPool(ctx, database, pooling.Options("migrate", true))
 	if err != nil {
 		return err
 	}

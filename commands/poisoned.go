@@ -21,6 +21,7 @@ import (
 // poisonedOptions are the flags of spillway poisoned list, replay and park.
 type poisonedOptions struct {
 	Database secret.URLSource
+	Pooling  outbox.Pooling
 	Table    outbox.TableSpec
 	Request  outbox.PoisonedRequest
 }
@@ -30,7 +31,7 @@ type poisonedOptions struct {
 // --dry-run and --batch-size.
 func poisonedFlags(verb string, o *poisonedOptions) *flag.FlagSet {
 	fs := flag.NewFlagSet("poisoned "+verb, flag.ContinueOnError)
-	registerTableFlags(fs, &o.Database, &o.Table)
+	registerTableFlags(fs, &o.Database, &o.Pooling, &o.Table)
 	sel := &o.Request.Selector
 	fs.IntVar(&o.Request.MaxAttempts, "max-attempts", drainer.DefaultConfig().MaxAttempts, "the fleet's --max-attempts: a row with this many attempts is poisoned")
 	fs.Var(listFlag{&sel.IDs}, "id", "pick these row ids (repeatable, or comma-separated)")
@@ -59,6 +60,7 @@ func parsePoisonedFlags(verb string, args []string) (poisonedOptions, error) {
 		return o, fmt.Errorf("unexpected argument %q: every selector is a flag (see -h)", fs.Arg(0))
 	}
 	errs := o.Database.Validate(field.NewPath("database"), "the outbox database's connection URL")
+	errs = append(errs, o.Pooling.Validate(field.NewPath("database"))...)
 	errs = append(errs, o.Table.Validate(field.NewPath("database"))...)
 	if verb == "list" {
 		// Any selector lists: parked rows are listed as well as poisoned.
@@ -97,7 +99,7 @@ func runPoisoned(ctx context.Context, args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	pool, err := outbox.ConnectPool(ctx, o.Database, "poisoned", true)
+	pool, err := outbox.ConnectPool(ctx, o.Database, o.Pooling.Options("poisoned", true))
 	if err != nil {
 		return err
 	}

@@ -31,7 +31,7 @@ func usages() []usage {
 			drainFlags(&cfg, &httpAddr)},
 		{"spillway migrate [flags]", "Creates the canonical outbox table, or adds to an existing one only what it lacks (the lease " +
 			"columns, attempts, available_at, parked_at) and the indexes, each built concurrently. It renames and drops nothing; " +
-			"a second run changes nothing.", migrateFlags(&database, &table, new(bool))},
+			"a second run changes nothing.", migrateFlags(&database, new(outbox.Pooling), &table, new(bool))},
 	}
 	for _, verb := range poisonedVerbs {
 		o := poisonedOptions{Table: outbox.TableSpec{Name: outbox.DefaultTableName}}

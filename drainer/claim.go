@@ -65,6 +65,9 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 			// unready, and must be ready again within a poll of the cure.
 			wait := min(retry.NextBackOff(), d.cfg.PollInterval)
 			d.statementFailed(statementClaim, c.err)
+			if outbox.ReadOnly(c.err) {
+				d.leaveReadOnly()
+			}
 			if _, refused := outbox.Refused(c.err); !refused {
 				d.releaseUnread(hardStop)
 			}
@@ -173,7 +176,7 @@ func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
 		defer close(c.done)
 		ctx, cancel := context.WithTimeout(hardStop, d.cfg.LeaseTTL/2)
 		defer cancel()
-		if err := d.rate.refresh(ctx, time.Now(), d.roster.Others); err != nil {
+		if err := d.rate.refresh(ctx, time.Now(), d.countOthers); err != nil {
 			d.log.Warn("Could not count the drainers sharing --max-rate; keeping this one's share until the next count",
 				"error", err, "perSecond", d.rate.capShare())
 		}
@@ -193,6 +196,19 @@ func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
 		}
 	}()
 	return c
+}
+
+// leaveReadOnly ends the sessions of the drainer's own, which the read-only
+// server that refused a claim (a primary demoted in a switchover) may hold
+// too: the store has dropped its pool's sessions, and each comes back on the
+// primary. Claim loop only.
+func (d *Drainer) leaveReadOnly() {
+	d.hush.Close()
+	d.roster.Close()
+	d.blockedFlag.Lower()
+	if drop := d.dropListen.Load(); drop != nil {
+		(*drop)()
+	}
 }
 
 // releaseUnread releases the rows of a claim that failed without an answer

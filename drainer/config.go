@@ -20,8 +20,10 @@ const worstCasePublish = 100 * time.Millisecond
 type Config struct {
 	DrainerID string
 	Database  secret.URLSource
-	Table     outbox.TableSpec
-	Broker    rabbitmq.Config
+	// Pooling is how the database URL's server pools sessions.
+	Pooling outbox.Pooling
+	Table   outbox.TableSpec
+	Broker  rabbitmq.Config
 
 	BatchSize     int
 	PipelineDepth int
@@ -57,6 +59,10 @@ type Config struct {
 	// MaxRate caps the events per second that all the drainers of the table
 	// publish together (0: no cap); each takes an equal share of it.
 	MaxRate float64
+	// MaxRateDrainers is how many drainers share MaxRate when they cannot
+	// count each other: a pooler in transaction mode, and no direct URL to
+	// hold the roster's lock on.
+	MaxRateDrainers int
 	// MaxCommitLatency paces the drain by the database's commits (0: off):
 	// while a commit takes longer, the drainer slows down (commitGuard).
 	MaxCommitLatency time.Duration
@@ -115,6 +121,7 @@ func DefaultConfig() Config {
 		MaxPipelineBytes: 16 << 20,
 		ShutdownTimeout:  30 * time.Second,
 		Retention:        Retention{Interval: time.Minute, BatchSize: 1000},
+		MaxRateDrainers:  1,
 	}
 }
 
@@ -164,6 +171,7 @@ func (c Config) Validate() error {
 		errs = append(errs, field.Required(field.NewPath("drainerID"), "set --drainer-id or POD_NAME"))
 	}
 	errs = append(errs, c.Database.Validate(field.NewPath("database"), "the outbox database's connection URL")...)
+	errs = append(errs, c.Pooling.Validate(field.NewPath("database"))...)
 	errs = append(errs, c.Broker.Validate(field.NewPath("broker"))...)
 	errs = append(errs, c.Table.Validate(field.NewPath("database"))...)
 	if c.BatchSize <= 0 {
@@ -204,6 +212,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRate < 0 || math.IsNaN(c.MaxRate) || math.IsInf(c.MaxRate, 0) {
 		errs = append(errs, field.Invalid(field.NewPath("maxRate"), c.MaxRate, "must be 0 (no cap) or a positive number of events per second"))
+	}
+	if c.MaxRateDrainers <= 0 {
+		errs = append(errs, field.Invalid(field.NewPath("maxRateDrainers"), c.MaxRateDrainers, "must be greater than 0"))
 	}
 	if c.MaxCommitLatency < 0 {
 		errs = append(errs, field.Invalid(field.NewPath("maxCommitLatency"), c.MaxCommitLatency.String(), "must be 0 (off) or a positive duration"))

@@ -85,6 +85,11 @@ type Drainer struct {
 	strikes  strikes
 	hush     *outbox.NotifyHush
 	roster   *outbox.Roster
+	// countOthers counts the other drainers sharing --max-rate: the roster,
+	// or, with no session to hold it on, the fleet size given.
+	countOthers func(context.Context) (int, error)
+	// dropListen ends the LISTEN session, which the next one replaces.
+	dropListen atomic.Pointer[context.CancelFunc]
 	// blockedFlag tells the operator that the broker blocks publishing.
 	blockedFlag *outbox.BlockedFlag
 	// held are the claims in phases 2 and 3.
@@ -126,6 +131,11 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 		held:        heldClaims{tokens: map[int64]int{}},
 		refusals:    newRefusals(store.Table().Name(), metrics),
 		guard:       newCommitGuard(cfg.MaxCommitLatency),
+	}
+	d.countOthers = d.roster.Others
+	if !store.HasSessions() {
+		others := cfg.MaxRateDrainers - 1
+		d.countOthers = func(context.Context) (int, error) { return others, nil }
 	}
 	d.rate = newRateCap(cfg.MaxRate, cfg.BatchSize, d.guard.allowed())
 	if d.guard != nil {
@@ -252,8 +262,13 @@ func (d *Drainer) Run(ctx context.Context) error {
 // drainer ID, retrying until the database answers. False means ctx ended.
 func (d *Drainer) releaseLeftovers(ctx context.Context) bool {
 	n, err := retry(ctx, d.log, "Database unavailable at start; retrying", func() (int64, error) {
-		return d.store.ReleaseHeld(ctx, d.cfg.DrainerID, d.cfg.LeaseTTL, nil)
+		n, err := d.store.ReleaseHeld(ctx, d.cfg.DrainerID, d.cfg.LeaseTTL, nil)
+		if err != nil {
+			d.refusals.failed(statementRelease, err, time.Now())
+		}
+		return n, err
 	}, d.liveness.beat)
+	d.refusals.succeeded(statementRelease)
 	if err != nil {
 		return false
 	}
@@ -281,11 +296,18 @@ func (d *Drainer) listen(ctx context.Context, first chan<- struct{}) {
 	}
 	for {
 		started := time.Now()
-		err := d.store.Listen(ctx, d.cfg.Table, onListening, d.poke)
+		session, drop := context.WithCancel(ctx)
+		d.dropListen.Store(&drop)
+		err := d.store.Listen(session, d.cfg.Table, onListening, d.poke)
+		drop()
 		d.metrics.Listening.Set(0)
 		claiming = true
 		once.Do(func() { close(first) })
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, outbox.ErrNoSessions) {
+			d.log.Info("Not listening for notifications: polling every --poll-interval", "reason", err, "pollInterval", d.cfg.PollInterval)
 			return
 		}
 		if time.Since(started) > time.Minute {
@@ -396,10 +418,13 @@ func (d *Drainer) prune(ctx context.Context, kind string, stmt outbox.Statement)
 	return n
 }
 
-// Ready reports why the drainer cannot drain right now, or nil: the broker
-// must be connected and not blocking, the database must answer, and must
-// not keep refusing the claims or the settles.
+// Ready reports why the drainer cannot drain right now, or nil: the
+// database must not keep refusing its statements, nor answer read-only, the
+// broker must be connected and not blocking, and the database must answer.
 func (d *Drainer) Ready(ctx context.Context) error {
+	if err := d.refusals.cause(); err != nil {
+		return secret.RedactError(err, d.cfg.Database.URL)
+	}
 	switch b := d.current.Load(); {
 	case b == nil || !b.Healthy():
 		if why := d.dialFailure.Load(); why != nil {
@@ -408,9 +433,6 @@ func (d *Drainer) Ready(ctx context.Context) error {
 		return errors.New("broker not connected")
 	case b.Blocked():
 		return errors.New("broker is blocking publishes (a memory or disk alarm in its cluster); claiming paused")
-	}
-	if err := d.refusals.cause(); err != nil {
-		return secret.RedactError(err, d.cfg.Database.URL)
 	}
 	if err := d.store.Ping(ctx); err != nil {
 		return fmt.Errorf("database: %w", secret.RedactError(err, d.cfg.Database.URL))

@@ -59,20 +59,20 @@ func (d *Drainer) Handler(reg *prometheus.Registry) http.Handler {
 // mapping, or that migrate has not made drainable, is a permanent error.
 // close closes the store's connections.
 func Open(ctx context.Context, cfg Config, log *slog.Logger) (store *outbox.Store, close func(), err error) {
-	pool, err := outbox.ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
+	pool, opts, closeAll, err := outbox.ConnectDrainer(ctx, cfg.Database, cfg.Pooling, cfg.DrainerID, cfg.SynchronousCommit)
 	if err != nil {
 		return nil, nil, err
 	}
 	store, err = retry(ctx, log, "Database unavailable at start; retrying", func() (*outbox.Store, error) {
-		store, err := outbox.OpenStore(ctx, pool, cfg.Table)
+		store, err := outbox.OpenStore(ctx, pool, cfg.Table, opts...)
 		if unusable := (*outbox.UnusableTableError)(nil); errors.As(err, &unusable) {
 			return nil, backoff.Permanent(err)
 		}
 		return store, err
 	})
 	if err != nil {
-		pool.Close()
+		closeAll()
 		return nil, nil, err
 	}
-	return store, pool.Close, nil
+	return store, closeAll, nil
 }

@@ -259,7 +259,7 @@ var _ = Describe("Database URL from a file", Label(tier.DB, tier.Broker), func()
 		file := filepath.Join(GinkgoT().TempDir(), "database-url")
 		Expect(os.WriteFile(file, []byte(testenv.DatabaseURL()+"\n"), 0o600)).To(Succeed())
 		id := testenv.UniqueName("drainer")
-		rotating, err := outbox.ConnectPool(ctx, secret.URLSource{File: file}, id, false)
+		rotating, err := outbox.ConnectPool(ctx, secret.URLSource{File: file}, outbox.PoolOptions{DrainerID: id})
 		Expect(err).NotTo(HaveOccurred())
 		defer rotating.Close()
 		currentUser := func() string {
@@ -280,7 +280,7 @@ var _ = Describe("The drainer's database sessions", Label(tier.DB, tier.Broker),
 	It("name the drainer, pin generic plans, scan no table whole, never JIT-compile, and commit asynchronously unless asked", func(ctx SpecContext) {
 		settings := func(synchronousCommit bool) []string {
 			id := testenv.UniqueName("drainer")
-			p, err := outbox.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, id, synchronousCommit)
+			p, err := outbox.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, outbox.PoolOptions{DrainerID: id, SynchronousCommit: synchronousCommit})
 			Expect(err).NotTo(HaveOccurred())
 			defer p.Close()
 			var name, plans, seqscan, jit, commit string

@@ -15,7 +15,10 @@ import (
 // a full disk) cannot drain however long it retries: after refusalsToUnready
 // such failures in a row it reports itself unready, with the answer, until
 // the statement succeeds again. A lost connection is not such an answer:
-// Ready's ping speaks for the database itself, and the cure is to wait.
+// Ready's ping speaks for the database itself, and the cure is to wait. Nor
+// is a write the server refused as read-only (a primary demoted by a
+// failover): the cure is the new primary, and the drainer is unready, saying
+// so, from the first such failure until a statement succeeds.
 
 // refusalsToUnready is how many refusals in a row of one statement make the
 // drainer unready.
@@ -25,6 +28,9 @@ const refusalsToUnready = 3
 const (
 	statementClaim  = outbox.StatementClaim
 	statementSettle = outbox.StatementSettle
+	// statementRelease is the release of a previous process's claims, at
+	// start, before the first claim.
+	statementRelease = "release"
 )
 
 // refusals are the failures in a row of each watched statement.
@@ -40,7 +46,10 @@ type failureStreak struct {
 	// tries counts every failure; refused, the refusals among the latest.
 	tries, refused int
 	// answer is the last refusal, while refused counts it.
-	answer        outbox.Refusal
+	answer outbox.Refusal
+	// readOnly is the last failure's text when the server answered it
+	// read-only: not a refusal, but the drainer cannot drain there.
+	readOnly      string
 	since, logged time.Time
 }
 
@@ -72,6 +81,10 @@ func (r *refusals) failed(statement string, err error, now time.Time) (streak fa
 		r.metrics.StatementFailing.DeleteLabelValues(statement, s.answer.SQLState)
 	}
 	s.answer = answer
+	s.readOnly = ""
+	if outbox.ReadOnly(err) {
+		s.readOnly = err.Error()
+	}
 	if s.refused >= refusalsToUnready {
 		r.metrics.StatementFailing.WithLabelValues(statement, answer.SQLState).Set(1)
 	}
@@ -102,10 +115,15 @@ func (r *refusals) cause() error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	var causes []string
-	for _, statement := range []string{statementClaim, statementSettle} {
-		if s := r.streaks[statement]; s != nil && s.refused >= refusalsToUnready {
+	for _, statement := range []string{statementRelease, statementClaim, statementSettle} {
+		switch s := r.streaks[statement]; {
+		case s == nil:
+		case s.refused >= refusalsToUnready:
 			causes = append(causes, fmt.Sprintf("%ss on %s fail: %s; %d tries in a row since %s", statement, r.table, s.answer.Text, s.tries,
 				s.since.UTC().Format(time.RFC3339)))
+		case s.readOnly != "":
+			causes = append(causes, fmt.Sprintf("%ss on %s fail: the server is read-only, a standby or a primary demoted by a failover (%s); reconnecting to find the primary",
+				statement, r.table, s.readOnly))
 		}
 	}
 	if len(causes) == 0 {

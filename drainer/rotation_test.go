@@ -76,7 +76,7 @@ var _ = Describe("Rotated connection Secrets", Label(tier.DB, tier.Broker), func
 		id := testenv.UniqueName("rotating")
 		cfg := testConfig(id, spec, topo.Exchange)
 		cfg.Database, cfg.Broker.URLSource = secret.URLSource{File: database.file()}, secret.URLSource{File: broker.file()}
-		dbPool, err := outbox.ConnectPool(ctx, cfg.Database, id, false)
+		dbPool, err := outbox.ConnectPool(ctx, cfg.Database, outbox.PoolOptions{DrainerID: id})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(dbPool.Close)
 		store, err := outbox.OpenStore(ctx, dbPool, spec)

@@ -15,10 +15,10 @@ import (
 )
 
 // ConnectPool opens a pool whose sessions name the drainer in
-// pg_stat_activity and, unless asked otherwise, commit asynchronously. With
-// a URL file, every new connection reads the file again, so a rotated
-// password is picked up as the pool replaces its connections.
-func ConnectPool(ctx context.Context, src secret.URLSource, drainerID string, synchronousCommit bool) (*pgxpool.Pool, error) {
+// pg_stat_activity and, in session mode, carry sessionSettings. With a URL
+// file, every new connection reads the file again, so a rotated password is
+// picked up as the pool replaces its connections.
+func ConnectPool(ctx context.Context, src secret.URLSource, o PoolOptions) (*pgxpool.Pool, error) {
 	url, err := src.Read()
 	if err != nil {
 		return nil, err
@@ -27,26 +27,16 @@ func ConnectPool(ctx context.Context, src secret.URLSource, drainerID string, sy
 	if err != nil {
 		return nil, err
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = "spillway-drainer/" + drainerID
-	// Every statement the drainer runs is built to be planned once for any
-	// parameters (the specs pin the claim's and the settles' generic plans);
-	// left to choose, Postgres kept planning the claim afresh for each
-	// execution, which cost about a third of the claim.
-	cfg.ConnConfig.RuntimeParams["plan_cache_mode"] = "force_generic_plan"
-	// A session makes each generic plan once, from the table's size then.
-	// A new outbox, or a new partition, is nearly empty at that moment, and
-	// there a sequential scan costs less than finding the claimed rows by
-	// TID: every claim then read the whole table, a cost that grew with
-	// each row published (1.4 ms of Postgres's CPU per claim of 8 rows after
-	// 4,000 rows, 5.3 ms after 32,000) until an ANALYZE replanned it. Every
-	// statement here reaches its rows through an index or by TID.
-	cfg.ConnConfig.RuntimeParams["enable_seqscan"] = "off"
-	// The ordered claim's generic plan is costed above jit_above_cost, and
-	// Postgres compiled it at every execution: 120 ms of a 135 ms claim. No
-	// statement of the drainer reads enough rows to repay a compilation.
-	cfg.ConnConfig.RuntimeParams["jit"] = "off"
-	if !synchronousCommit {
-		cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	// PgBouncer passes application_name on to the server, and refuses a
+	// startup parameter it does not track: the settings go per transaction.
+	cfg.ConnConfig.RuntimeParams["application_name"] = "spillway-drainer/" + o.DrainerID
+	if o.Mode != PoolModeTransaction {
+		for _, kv := range sessionSettings(o.SynchronousCommit) {
+			cfg.ConnConfig.RuntimeParams[kv[0]] = kv[1]
+		}
+	}
+	if o.Unprepared {
+		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
 	if src.File != "" {
 		cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
@@ -61,7 +51,7 @@ func ConnectPool(ctx context.Context, src secret.URLSource, drainerID string, sy
 			// Where and who from the file; the session settings stay ours.
 			f := fresh.ConnConfig
 			cc.Host, cc.Port, cc.Database, cc.User, cc.Password = f.Host, f.Port, f.Database, f.User, f.Password
-			cc.TLSConfig, cc.Fallbacks = f.TLSConfig, f.Fallbacks
+			cc.TLSConfig, cc.Fallbacks, cc.ValidateConnect = f.TLSConfig, f.Fallbacks, f.ValidateConnect
 			return nil
 		}
 	}
@@ -183,7 +173,7 @@ type Querier interface {
 // migrate has made it drainable: a drainer on a table without its due-time
 // column or its claim index would claim nothing or scan the table on every
 // claim.
-func OpenStore(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) (*Store, error) {
+func OpenStore(ctx context.Context, pool *pgxpool.Pool, spec TableSpec, opts ...StoreOption) (*Store, error) {
 	table, err := ResolveOutbox(ctx, pool, spec)
 	if err != nil {
 		return nil, err
@@ -195,7 +185,11 @@ func OpenStore(ctx context.Context, pool *pgxpool.Pool, spec TableSpec) (*Store,
 	if table.settleByID, err = idIndexed(ctx, pool, table); err != nil {
 		return nil, err
 	}
-	return &Store{pool: pool, table: table, notes: notes}, nil
+	s := &Store{pool: pool, table: table, notes: notes, sessions: pool}
+	for _, opt := range opts {
+		opt(s)
+	}
+	return s, nil
 }
 
 // Notes are what the table lacks that the drainer drains without, and that

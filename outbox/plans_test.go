@@ -57,7 +57,7 @@ func expectPlans(ctx context.Context, spec outbox.TableSpec, settlesFind string)
 	leases := []outbox.Lease{{ID: "00000000-0000-0000-0000-000000000001", Row: outbox.Locator{Table: 1, TID: pgtype.TID{BlockNumber: 1, OffsetNumber: 1, Valid: true}}, Token: time.Now()}}
 	policy := outbox.FailurePolicy{InitialMillis: 1000, MaxMillis: 1000, MaxAttempts: 10}
 
-	sessions, err := outbox.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, "plans", false)
+	sessions, err := outbox.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, outbox.PoolOptions{DrainerID: "plans"})
 	Expect(err).NotTo(HaveOccurred())
 	defer sessions.Close()
 	conn, err := sessions.Acquire(ctx)

@@ -92,6 +92,19 @@ func operatorPoolConfig(url string, timeout time.Duration) (*pgxpool.Config, err
 	cfg.MinConns = 0
 	cfg.ConnConfig.ConnectTimeout = timeout
 	cfg.ConnConfig.RuntimeParams["application_name"] = "spillway-operator"
+	// Unnamed statements pass through any pooler, and whether a fleet's URL
+	// names one in transaction mode is not the operator's to know; its
+	// reads are too rare for prepared statements to save anything.
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
+	// A pooled session may outlive its server's role: a primary demoted in
+	// a switchover keeps its sessions and answers read-only. Checked again
+	// at each acquire as the URL's target_session_attrs asks, a stale one is
+	// dropped, and the next connect finds the primary.
+	if validate := cfg.ConnConfig.ValidateConnect; validate != nil {
+		cfg.PrepareConn = func(ctx context.Context, c *pgx.Conn) (bool, error) {
+			return validate(ctx, c.PgConn()) == nil, nil
+		}
+	}
 	return cfg, nil
 }
 

@@ -42,8 +42,20 @@ func refusal(err error) *pgconn.PgError {
 	switch {
 	case strings.HasPrefix(pg.Code, "08"), // connection exception
 		pg.Code == "57P01", pg.Code == "57P02", pg.Code == "57P03", // the server shutting down or starting up
-		pg.Code == "53300": // too many connections
+		pg.Code == "53300", // too many connections
+		pg.Code == readOnlySQLTransaction:
 		return nil
 	}
 	return pg
+}
+
+// readOnlySQLTransaction is a write refused by a read-only server: a
+// standby, or a primary demoted in a switchover. The cure is the new
+// primary, not a fix of the statement: a connection-class failure.
+const readOnlySQLTransaction = "25006"
+
+// ReadOnly reports whether err is a write the server refused as read-only.
+func ReadOnly(err error) bool {
+	var pg *pgconn.PgError
+	return errors.As(err, &pg) && pg.Code == readOnlySQLTransaction
 }

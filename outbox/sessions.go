@@ -11,14 +11,27 @@ import (
 )
 
 // The sessions a drainer holds on its own, beside its pool: the LISTEN on
-// the table's notify channel, the notify hush and the --max-rate roster,
-// whose locks are let go when their session ends; and their statements.
+// the table's notify channel, the notify hush, the --max-rate roster and the
+// broker-blocked flag, whose locks are let go when their session ends; and
+// their statements. Through a pooler in transaction mode there are such
+// sessions only on a direct URL; without one, each does without (see
+// ErrNoSessions).
+
+// ErrNoSessions is a session of a drainer's own asked of a store that has
+// none: a pooler in transaction mode, and no direct URL past it.
+var ErrNoSessions = errors.New("no session of its own: the database is reached through a pooler in transaction mode, and no direct URL is given")
+
+// HasSessions reports whether the store can hold sessions of its own.
+func (s *Store) HasSessions() bool { return s.sessions != nil }
 
 // Listen holds a connection of its own in LISTEN on the table's notify
 // channel. It calls listening once the LISTEN is in place and notified on
 // every notification, and returns when the connection fails or ctx ends.
 func (s *Store) Listen(ctx context.Context, spec TableSpec, listening, notified func()) error {
-	pc, err := s.pool.Acquire(ctx)
+	if s.sessions == nil {
+		return ErrNoSessions
+	}
+	pc, err := s.sessions.Acquire(ctx)
 	if err != nil {
 		return err
 	}
@@ -57,7 +70,10 @@ type NotifyHush struct {
 }
 
 // NotifyHush returns the hush of spec's notifications, not yet held.
-func (s *Store) NotifyHush(spec TableSpec) *NotifyHush { return &NotifyHush{pool: s.pool, spec: spec} }
+// Without sessions it is never held, and commits keep notifying.
+func (s *Store) NotifyHush(spec TableSpec) *NotifyHush {
+	return &NotifyHush{pool: s.sessions, spec: spec}
+}
 
 const (
 	// hushTimeout bounds a hush statement: the lock is only tried, never
@@ -74,7 +90,7 @@ func (h *NotifyHush) Held() bool { return h.held }
 // Hush tries the lock; a transaction notifying at that moment holds it, and
 // then commits keep notifying until the next try.
 func (h *NotifyHush) Hush(ctx context.Context) error {
-	if h.held || time.Now().Before(h.quietUntil) {
+	if h.pool == nil || h.held || time.Now().Before(h.quietUntil) {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, hushTimeout)
@@ -153,8 +169,9 @@ type Roster struct {
 	conn *pgx.Conn
 }
 
-// Roster returns spec's roster, not yet joined.
-func (s *Store) Roster(spec TableSpec) *Roster { return &Roster{pool: s.pool, spec: spec} }
+// Roster returns spec's roster, not yet joined. Without sessions, Others
+// fails with ErrNoSessions.
+func (s *Store) Roster(spec TableSpec) *Roster { return &Roster{pool: s.sessions, spec: spec} }
 
 // rosterTimeout bounds joining and counting; the count is only tried again a
 // second later.
@@ -165,6 +182,9 @@ const rosterTimeout = time.Second
 func (r *Roster) Others(ctx context.Context) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, rosterTimeout)
 	defer cancel()
+	if r.pool == nil {
+		return 0, ErrNoSessions
+	}
 	if r.conn == nil {
 		conn, err := ownSession(ctx, r.pool)
 		if err != nil {
@@ -209,14 +229,15 @@ type BlockedFlag struct {
 	conn *pgx.Conn
 }
 
-// BlockedFlag returns spec's flag, lowered.
+// BlockedFlag returns spec's flag, lowered. Without sessions it is never
+// raised: the drainer's readiness alone says that the broker blocks.
 func (s *Store) BlockedFlag(spec TableSpec) *BlockedFlag {
-	return &BlockedFlag{pool: s.pool, spec: spec}
+	return &BlockedFlag{pool: s.sessions, spec: spec}
 }
 
 // Raise takes the lock, unless this drainer holds it already.
 func (f *BlockedFlag) Raise(ctx context.Context) error {
-	if f.conn != nil {
+	if f.pool == nil || f.conn != nil {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, rosterTimeout)

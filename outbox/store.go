@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -75,6 +76,26 @@ type Store struct {
 	pool  *pgxpool.Pool
 	table *Table
 	notes []string
+	// sessions is where the sessions of a drainer's own are taken from
+	// (sessions.go): the pool itself, a direct pool beside a transaction
+	// pooler, or nil, for none.
+	sessions *pgxpool.Pool
+	// settings, through a transaction pooler, opens each claim and settle.
+	settings *Statement
+}
+
+// StoreOption changes how a Store reaches its database.
+type StoreOption func(*Store)
+
+// TransactionPooled is a store whose pool goes through a pooler in
+// transaction mode: each claim and settle opens with the session settings,
+// and the sessions of a drainer's own come from direct, a pool past the
+// pooler, or, if it is nil, are done without.
+func TransactionPooled(direct *pgxpool.Pool, synchronousCommit bool) StoreOption {
+	return func(s *Store) {
+		settings := transactionSettings(synchronousCommit)
+		s.sessions, s.settings = direct, &settings
+	}
 }
 
 // Table is the resolved outbox table.
@@ -84,11 +105,27 @@ func (s *Store) Table() *Table { return s.table }
 // statements finish; new ones read the URL again: it was rotated.
 func (s *Store) ResetConnections() { s.pool.Reset() }
 
+// failed passes on a statement's error, and drops every session when the
+// server answered read-only: it is a standby, or a primary demoted in a
+// switchover, and new sessions find the primary (a multi-host URL's
+// target_session_attrs=read-write skips the others).
+func (s *Store) failed(err error) error {
+	if ReadOnly(err) {
+		s.pool.Reset()
+	}
+	return err
+}
+
 // Claim runs phase 1: one statement, its own short transaction. The error
 // may come after the claim committed, its result unread: see ReleaseHeld.
 func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claimed, error) {
+	c, err := s.claim(ctx, p)
+	return c, s.failed(err)
+}
+
+func (s *Store) claim(ctx context.Context, p ClaimParams) (Claimed, error) {
 	stmt := s.table.Claim(p)
-	rows, err := s.pool.Query(ctx, stmt.SQL, stmt.Args...)
+	rows, err := s.query(ctx, stmt)
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim batch: %w", err)
 	}
@@ -123,7 +160,72 @@ func collectClaim(rows pgx.Rows) (Claimed, error) {
 		row = Row{}
 	}
 	inDueOrder(c.Rows)
+	rows.Close() // before Err: a batch's commit answers at its close
 	return c, rows.Err()
+}
+
+// query runs stmt on its own, or, through a transaction pooler, after the
+// session settings in the same transaction and round trip.
+func (s *Store) query(ctx context.Context, stmt Statement) (pgx.Rows, error) {
+	if s.settings == nil {
+		return s.pool.Query(ctx, stmt.SQL, stmt.Args...)
+	}
+	batch := &pgx.Batch{}
+	batch.Queue(s.settings.SQL, s.settings.Args...)
+	batch.Queue(stmt.SQL, stmt.Args...)
+	results := s.pool.SendBatch(ctx, batch)
+	if _, err := results.Exec(); err != nil {
+		_ = results.Close()
+		return nil, err
+	}
+	rows, err := results.Query()
+	if err != nil {
+		_ = results.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, results: results}, nil
+}
+
+// exec runs stmt as query does, for its row count.
+func (s *Store) exec(ctx context.Context, stmt Statement) (pgconn.CommandTag, error) {
+	if s.settings == nil {
+		return s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
+	}
+	batch := &pgx.Batch{}
+	batch.Queue(s.settings.SQL, s.settings.Args...)
+	batch.Queue(stmt.SQL, stmt.Args...)
+	results := s.pool.SendBatch(ctx, batch)
+	_, err := results.Exec()
+	var tag pgconn.CommandTag
+	if err == nil {
+		tag, err = results.Exec()
+	}
+	if cerr := results.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// batchRows are the rows of a batch's last statement; closing them ends the
+// batch, whose commit may fail.
+type batchRows struct {
+	pgx.Rows
+	results pgx.BatchResults
+	err     error
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	if err := r.results.Close(); err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
 }
 
 // inDueOrder puts a claim's rows, which Postgres returns in the order its
@@ -186,6 +288,11 @@ type Settled struct {
 // Settle runs phase 3 as one round trip: at most one statement per outcome,
 // in one implicit transaction.
 func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, f FailurePolicy) (Settled, error) {
+	done, err := s.settle(ctx, drainerID, st, f)
+	return done, s.failed(err)
+}
+
+func (s *Store) settle(ctx context.Context, drainerID string, st Settlement, f FailurePolicy) (Settled, error) {
 	var stmts []Statement
 	var counts []*int64
 	var done Settled
@@ -209,6 +316,9 @@ func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, f F
 	if len(stmts) == 0 {
 		return done, nil
 	}
+	if s.settings != nil {
+		stmts, counts = append([]Statement{*s.settings}, stmts...), append([]*int64{nil}, counts...)
+	}
 	if !st.TimeCommit {
 		if err := sendSettle(ctx, s.pool, stmts, counts); err != nil {
 			return Settled{}, err
@@ -223,7 +333,12 @@ func (s *Store) Settle(ctx context.Context, drainerID string, st Settlement, f F
 		return Settled{}, fmt.Errorf("settle: %w", err)
 	}
 	defer func() { _ = tx.Rollback(ctx) }()
-	stmts, counts = append([]Statement{commitSynchronously}, stmts...), append([]*int64{nil}, counts...)
+	// After the session settings, whose synchronous_commit it overrides.
+	at := 0
+	if s.settings != nil {
+		at = 1
+	}
+	stmts, counts = slices.Insert(stmts, at, commitSynchronously), slices.Insert(counts, at, nil)
 	if err := sendSettle(ctx, tx, stmts, counts); err != nil {
 		return Settled{}, err
 	}
@@ -268,10 +383,9 @@ func sendSettle(ctx context.Context, db interface {
 // ReleaseHeld frees every claim held under drainerID but those of the claims
 // whose tokens are kept, and returns how many rows it freed.
 func (s *Store) ReleaseHeld(ctx context.Context, drainerID string, lease time.Duration, keep []time.Time) (int64, error) {
-	stmt := s.table.ReleaseHeld(drainerID, lease, keep)
-	tag, err := s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
+	tag, err := s.exec(ctx, s.table.ReleaseHeld(drainerID, lease, keep))
 	if err != nil {
-		return 0, fmt.Errorf("release claims of %s: %w", drainerID, err)
+		return 0, fmt.Errorf("release claims of %s: %w", drainerID, s.failed(err))
 	}
 	return tag.RowsAffected(), nil
 }
@@ -293,9 +407,9 @@ func (s *Store) Prune(ctx context.Context, stmt Statement, limit int) (int64, er
 func (s *Store) execBatches(ctx context.Context, stmt Statement, limit int) (int64, error) {
 	var total int64
 	for {
-		tag, err := s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
+		tag, err := s.exec(ctx, stmt)
 		if err != nil {
-			return total, err
+			return total, s.failed(err)
 		}
 		total += tag.RowsAffected()
 		if tag.RowsAffected() < int64(limit) {

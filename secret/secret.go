@@ -27,7 +27,6 @@ func RedactURL(raw string) string {
 		for i, one := range urls {
 			u, err := url.Parse(one)
 			if err != nil || u.Scheme == "" || u.Host == "" {
-				// A comma inside a password splits it: show none of it.
 				return unparseable
 			}
 			shown[i] = u.Redacted()
@@ -61,11 +60,18 @@ type URLSource struct {
 }
 
 // Endpoints splits a list of URLs, comma-separated as the Java and .NET
-// AMQP clients take an address list, into its URLs.
+// AMQP clients take an address list, into its URLs. A piece without a
+// scheme continues the URL before it: the next host of a multi-host
+// Postgres URL (postgres://u@h1:5433,h2:5434/db), or the rest of a password
+// with a comma in it.
 func Endpoints(raw string) []string {
 	var urls []string
 	for _, u := range strings.Split(raw, ",") {
-		if u = strings.TrimSpace(u); u != "" {
+		switch u = strings.TrimSpace(u); {
+		case u == "":
+		case len(urls) > 0 && !strings.Contains(u, "://"):
+			urls[len(urls)-1] += "," + u
+		default:
 			urls = append(urls, u)
 		}
 	}

@@ -129,9 +129,17 @@ var _ = Describe("Lists of URLs", func() {
 		Expect(Endpoints(" amqp://a/, amqp://b/ ,,")).To(Equal([]string{"amqp://a/", "amqp://b/"}))
 		Expect(Endpoints("")).To(BeEmpty())
 	})
-	It("shows each URL of a list without its password, and none of a list it cannot split safely", func() {
+	It("keeps a multi-host Postgres URL, and a password with a comma, whole", func() {
+		multi := "postgres://app:s3cret@h1:5433,h2:5434/test?target_session_attrs=read-write"
+		Expect(Endpoints(multi)).To(Equal([]string{multi}))
+		Expect(RedactURL(multi)).To(Equal("postgres://app:xxxxx@h1:5433,h2:5434/test?target_session_attrs=read-write"))
+		Expect(RedactError(errors.New("s3cret refused at h2:5434"), multi)).To(MatchError("xxxxx refused at h2:5434"))
+		Expect(Scrub("login s3cret refused", multi)).To(Equal("login xxxxx refused"))
+		Expect(Endpoints("amqp://u:pa,ss@a:5682/")).To(HaveLen(1))
+		Expect(RedactURL("amqp://u:pa,ss@a:5682/")).To(Equal("amqp://u:xxxxx@a:5682/"))
+	})
+	It("shows each URL of a list without its password", func() {
 		Expect(RedactURL("amqp://u:p1@a:5682/,amqps://u:p2@b:5693/vh")).To(Equal("amqp://u:xxxxx@a:5682/,amqps://u:xxxxx@b:5693/vh"))
-		Expect(RedactURL("amqp://u:pa,ss@a:5682/")).To(Equal("(unparseable connection string)"))
 		Expect(RedactError(errors.New("refused p1 and p2"), "amqp://u:p1@a/,amqp://u:p2@b/")).To(MatchError("refused xxxxx and xxxxx"))
 		Expect(Scrub("login p2 refused", "amqp://u:p1@a/,amqp://u:p2@b/")).To(Equal("login xxxxx refused"))
 	})

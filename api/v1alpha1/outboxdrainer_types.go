@@ -94,51 +94,6 @@ type Ordering struct {
 	OnFailure string `json:"onFailure,omitempty"`
 }
 
-// DatabaseSpec is the outbox: where it is and how its table is laid out.
-type DatabaseSpec struct {
-	// URLSecretRef is the key of a Secret holding the Postgres connection URL.
-	// It is mounted into the drainers as a file, never passed as a value.
-	// +required
-	URLSecretRef SecretKeyRef `json:"urlSecretRef"`
-	// Table is the outbox table, as schema.table or table (schema public).
-	// +kubebuilder:validation:Pattern=`^([A-Za-z_][A-Za-z0-9_]{0,62}\.)?[A-Za-z_][A-Za-z0-9_]{0,62}$`
-	// +kubebuilder:default="public.outbox"
-	// +optional
-	Table string `json:"table,omitempty"`
-	// Columns maps logical columns to the table's names.
-	// +optional
-	Columns Columns `json:"columns,omitzero"`
-	// RoutingKey says where a row's routing key comes from.
-	// +optional
-	RoutingKey RoutingKey `json:"routingKey,omitzero"`
-	// TLS connects over TLS with the certificates of a Secret, verifying the
-	// server's certificate and its name (sslmode=verify-full), whatever the
-	// URL's sslmode says.
-	// +optional
-	TLS *TLS `json:"tls,omitempty"`
-	// SynchronousCommit makes drainer commits wait for the WAL flush. Off, the
-	// application's commits do not queue behind the drainer's; a claim or
-	// mark lost in a crash only causes a duplicate.
-	// +optional
-	SynchronousCommit bool `json:"synchronousCommit,omitempty"`
-}
-
-// TLS is a connection's certificates: a Secret in the fleet's namespace,
-// mounted into the drainers, holding ca.crt, the CA that signs the server's
-// certificate, and for a client certificate tls.crt and tls.key (the layout
-// cert-manager writes). The drainers read them at every connect, so a
-// rotated Secret takes effect at the next reconnect.
-type TLS struct {
-	// SecretName is the Secret holding the certificates.
-	// +kubebuilder:validation:MinLength=1
-	// +kubebuilder:validation:MaxLength=253
-	// +required
-	SecretName string `json:"secretName"`
-	// ClientCertificate presents tls.crt and tls.key to the server.
-	// +optional
-	ClientCertificate bool `json:"clientCertificate,omitempty"`
-}
-
 // BrokerTLS is the broker's TLS.
 //
 // +kubebuilder:validation:XValidation:rule="!has(self.external) || !self.external || (has(self.clientCertificate) && self.clientCertificate)",fieldPath=".external",reason="FieldValueInvalid",message="external authenticates with the client certificate: set clientCertificate"
@@ -333,6 +288,7 @@ type Autoscaling struct {
 //
 // +kubebuilder:validation:XValidation:rule="duration(self.leaseTTL).getMilliseconds() >= 300 * self.pipelineDepth",fieldPath=".leaseTTL",reason="FieldValueInvalid",messageExpression="'leaseTTL %s is too short: the lease rule is leaseTTL >= 3 × pipelineDepth × 100ms = %dms for pipelineDepth %d'.format([self.leaseTTL, 300 * self.pipelineDepth, self.pipelineDepth])"
 // +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || self.replicas == 1",fieldPath=".replicas",reason="FieldValueForbidden",messageExpression="'replicas is %d, but autoscaling sets the replica count: remove replicas (it defaults to 1), or remove autoscaling to scale the fleet with kubectl scale, an HPA or KEDA'.format([self.replicas])"
+// +kubebuilder:validation:XValidation:rule="!has(self.maxRate) || !has(self.database.pooler) || !has(self.database.pooler.mode) || self.database.pooler.mode != 'Transaction' || has(self.database.pooler.directURLSecretRef)",fieldPath=".maxRate",reason="FieldValueInvalid",message="maxRate is shared by the drainers counting each other on a session of their own, which a pooler in Transaction mode cannot keep: set database.pooler.directURLSecretRef, a URL past the pooler"
 type OutboxDrainerSpec struct {
 	// Replicas is the number of drainers. They share the outbox through
 	// leases, so any number is safe. It is the scale subresource's count,

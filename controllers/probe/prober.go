@@ -69,7 +69,8 @@ func (t Target) same(o Target) bool {
 		t.Interval == o.Interval && t.Database.URLSecretRef == o.Database.URLSecretRef && t.Database.Table == o.Database.Table &&
 		t.Database.Columns == o.Database.Columns && t.Database.RoutingKey == o.Database.RoutingKey &&
 		t.LeaseTTL == o.LeaseTTL && slices.Equal(t.Dead, o.Dead) && equality.Semantic.DeepEqual(t.Ordering, o.Ordering) &&
-		equality.Semantic.DeepEqual(t.Database.TLS, o.Database.TLS) && equality.Semantic.DeepEqual(t.BrokerTLS, o.BrokerTLS)
+		equality.Semantic.DeepEqual(t.Database.TLS, o.Database.TLS) && equality.Semantic.DeepEqual(t.BrokerTLS, o.BrokerTLS) &&
+		equality.Semantic.DeepEqual(t.Database.Pooler, o.Database.Pooler)
 }
 
 // Result is one read of a fleet's Secrets and outbox.

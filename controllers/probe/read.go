@@ -39,6 +39,15 @@ func (p *Prober) readOutbox(ctx context.Context, t Target) (status.Probe, string
 	if missing != "" {
 		probe.MissingSecrets = append(probe.MissingSecrets, missing)
 	}
+	if pooler := t.Database.Pooler; pooler != nil && pooler.DirectURLSecretRef != nil {
+		// The drainers mount it; the read goes through the pooler.
+		if _, missing, err = p.secretValue(ctx, t.Key.Namespace, "direct database URL", *pooler.DirectURLSecretRef); err != nil {
+			return probe, "", err
+		}
+		if missing != "" {
+			probe.MissingSecrets = append(probe.MissingSecrets, missing)
+		}
+	}
 	tlsMissing, err := p.missingTLSKeys(ctx, t)
 	if err != nil {
 		return probe, "", err

@@ -193,6 +193,9 @@ func secretVolumes(s v1alpha1.OutboxDrainerSpec) []corev1.Volume {
 		secretVolume("database-url", s.Database.URLSecretRef),
 		secretVolume("broker-url", s.Broker.URLSecretRef),
 	}
+	if ref := directURL(s); ref != nil {
+		vols = append(vols, secretVolume("database-direct-url", *ref))
+	}
 	if t := s.Database.TLS; t != nil {
 		vols = append(vols, tlsVolume("database-tls", t.SecretName))
 	}
@@ -202,9 +205,20 @@ func secretVolumes(s v1alpha1.OutboxDrainerSpec) []corev1.Volume {
 	return vols
 }
 
+// directURL is the Secret key of the URL past the pooler, or nil.
+func directURL(s v1alpha1.OutboxDrainerSpec) *v1alpha1.SecretKeyRef {
+	if p := s.Database.Pooler; p != nil {
+		return p.DirectURLSecretRef
+	}
+	return nil
+}
+
 // SecretNames are the Secrets a fleet's drainers mount.
 func SecretNames(s v1alpha1.OutboxDrainerSpec) []string {
 	names := []string{s.Database.URLSecretRef.Name, s.Broker.URLSecretRef.Name}
+	if ref := directURL(s); ref != nil {
+		names = append(names, ref.Name)
+	}
 	if t := s.Database.TLS; t != nil {
 		names = append(names, t.SecretName)
 	}
@@ -219,6 +233,9 @@ func secretMounts(s v1alpha1.OutboxDrainerSpec) []corev1.VolumeMount {
 	mounts := []corev1.VolumeMount{
 		{Name: "database-url", MountPath: DatabaseURLDir, ReadOnly: true},
 		{Name: "broker-url", MountPath: BrokerURLDir, ReadOnly: true},
+	}
+	if directURL(s) != nil {
+		mounts = append(mounts, corev1.VolumeMount{Name: "database-direct-url", MountPath: DirectURLDir, ReadOnly: true})
 	}
 	if s.Database.TLS != nil {
 		mounts = append(mounts, corev1.VolumeMount{Name: "database-tls", MountPath: DatabaseTLSDir, ReadOnly: true})

@@ -17,6 +17,8 @@ import (
 const (
 	DatabaseURLDir = "/var/run/secrets/spillway/database"
 	BrokerURLDir   = "/var/run/secrets/spillway/broker"
+	// DirectURLDir holds the URL past a transaction pooler.
+	DirectURLDir = "/var/run/secrets/spillway/database-direct"
 	urlFile        = "url"
 	// The TLS Secrets are mounted whole, with the key names cert-manager
 	// writes.
@@ -45,6 +47,26 @@ func tlsArgs(conn, dir string, t *v1alpha1.TLS) []string {
 	args := []string{"--" + conn + "-ca-file=" + path.Join(dir, caFile)}
 	if t.ClientCertificate {
 		args = append(args, "--"+conn+"-cert-file="+path.Join(dir, certFile), "--"+conn+"-key-file="+path.Join(dir, keyFile))
+	}
+	return args
+}
+
+// poolerArgs are the flags of a pooler between the drainers and Postgres;
+// none for Postgres itself.
+func poolerArgs(p *v1alpha1.Pooler) []string {
+	if p == nil {
+		return nil
+	}
+	mode := outbox.PoolModeSession
+	if p.Mode == v1alpha1.PoolModeTransaction {
+		mode = outbox.PoolModeTransaction
+	}
+	args := []string{"--database-pool-mode=" + string(mode)}
+	if p.PreparedStatements != nil {
+		args = append(args, "--database-prepared-statements="+strconv.FormatBool(*p.PreparedStatements))
+	}
+	if p.DirectURLSecretRef != nil {
+		args = append(args, "--database-direct-url-file="+path.Join(DirectURLDir, urlFile))
 	}
 	return args
 }
@@ -137,6 +159,7 @@ func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
 		"--synchronous-commit="+strconv.FormatBool(s.Database.SynchronousCommit),
 		"--broker-url-file="+path.Join(BrokerURLDir, urlFile),
 	)
+	args = append(args, poolerArgs(s.Database.Pooler)...)
 	args = append(args, tlsArgs("database", DatabaseTLSDir, s.Database.TLS)...)
 	args = append(args, tlsArgs("broker", BrokerTLSDir, BrokerTLS(s.Broker))...)
 	if s.Broker.TLS != nil && s.Broker.TLS.External {

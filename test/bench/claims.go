@@ -42,7 +42,7 @@ func (b *bench) claims(ctx context.Context) []string {
 func storeWithoutBroker(ctx context.Context, spec outbox.TableSpec, id string) (*outbox.Store, outbox.ClaimParams, func()) {
 	cfg := drainer.DefaultConfig()
 	cfg.DrainerID, cfg.BatchSize = id, *batchSize
-	pool, err := outbox.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, id, cfg.SynchronousCommit)
+	pool, err := outbox.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, outbox.PoolOptions{DrainerID: id, SynchronousCommit: cfg.SynchronousCommit})
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -314,7 +314,7 @@ func (b *bench) newFleet(ctx context.Context, spec outbox.TableSpec, n int, twea
 		if tweak != nil {
 			tweak(&cfg)
 		}
-		pool, err := outbox.ConnectPool(ctx, cfg.Database, cfg.DrainerID, cfg.SynchronousCommit)
+		pool, err := outbox.ConnectPool(ctx, cfg.Database, outbox.PoolOptions{DrainerID: cfg.DrainerID, SynchronousCommit: cfg.SynchronousCommit})
 		if err != nil {
 			log.Fatal(err)
 		}
