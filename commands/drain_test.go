@@ -92,6 +92,30 @@ var _ = Describe("spillway drain flags", func() {
 		Expect(cfg.Broker.MessageProperties).To(Equal(rabbitmq.CompactProperties))
 	})
 
+	It("takes the pooler's mode, its statements and the URL past it, and refuses what does not fit, naming the field", func() {
+		cfg := drainer.DefaultConfig()
+		Expect(drainFlags(&cfg, new(string)).Parse(nil)).To(Succeed())
+		Expect(cfg.Pooling.Transaction()).To(BeFalse())
+		Expect(cfg.Pooling.Options("d", false)).To(Equal(outbox.PoolOptions{DrainerID: "d", Mode: outbox.PoolModeSession}), "prepared, in session mode")
+
+		cfg = drainer.DefaultConfig()
+		Expect(drainFlags(&cfg, new(string)).Parse([]string{"--database-pool-mode=transaction",
+			"--database-direct-url-file=/var/run/secrets/direct/url", "--max-rate-drainers=3"})).To(Succeed())
+		Expect(cfg.Pooling.Options("d", true)).To(Equal(outbox.PoolOptions{DrainerID: "d", SynchronousCommit: true, Mode: outbox.PoolModeTransaction, Unprepared: true}))
+		Expect(cfg.Pooling.Direct.File).To(Equal("/var/run/secrets/direct/url"))
+		Expect(cfg.MaxRateDrainers).To(Equal(3))
+		Expect(drainFlags(&cfg, new(string)).Parse([]string{"--database-prepared-statements"})).To(Succeed())
+		Expect(cfg.Pooling.Options("d", true).Unprepared).To(BeFalse(), "PgBouncer 1.21+ keeps them")
+
+		err := DrainCommand(context.Background(), append(base, "--database-pool-mode=statement"))
+		Expect(err).To(MatchError(ContainSubstring(`database.poolMode: Unsupported value: "statement": supported values: "session", "transaction"`)))
+		err = DrainCommand(context.Background(), append(base, "--database-direct-url=postgres://u:s3cret@db:5432/x"))
+		Expect(err).To(MatchError(ContainSubstring(`database.directURL: Invalid value: "postgres://u:xxxxx@db:5432/x": only serves a pooler in transaction mode`)))
+		Expect(err.Error()).NotTo(ContainSubstring("s3cret"))
+		err = DrainCommand(context.Background(), append(base, "--max-rate-drainers=0"))
+		Expect(err).To(MatchError(ContainSubstring("maxRateDrainers: Invalid value: 0: must be greater than 0")))
+	})
+
 	It("refuses a zero unpublished retention window given as a flag", func() {
 		err := DrainCommand(context.Background(), append(base, "--retention-unpublished-max-age=0s"))
 		Expect(err).To(MatchError(ContainSubstring(`retention.unpublishedMaxAge: Invalid value: "0s": must be greater than 0`)))

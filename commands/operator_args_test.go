@@ -56,6 +56,24 @@ var _ = Describe("The drainer's command line", func() {
 		Expect(httpAddr).To(Equal(fmt.Sprintf(":%d", resource.MetricsPort)))
 	})
 
+	It("reaches Postgres through a transaction pooler as the spec says: unnamed statements, and its own sessions past the pooler", func() {
+		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde")
+		od := samples.OutboxDrainer()
+		od.Spec.Database.Pooler = &v1alpha1.Pooler{Mode: v1alpha1.PoolModeTransaction,
+			DirectURLSecretRef: &v1alpha1.SecretKeyRef{Name: "db-direct", Key: "url"}}
+		cfg, _, err := ParseDrainFlags(resource.DrainArgs(od.Spec)[1:])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cfg.Pooling.Mode).To(Equal(outbox.PoolModeTransaction))
+		Expect(cfg.Pooling.Direct.File).To(Equal(resource.DirectURLDir + "/url"))
+		Expect(cfg.Pooling.Options(cfg.DrainerID, false).Unprepared).To(BeTrue())
+
+		od.Spec.Database.Pooler = &v1alpha1.Pooler{Mode: v1alpha1.PoolModeSession, PreparedStatements: ptr.To(false)}
+		cfg, _, err = ParseDrainFlags(resource.DrainArgs(od.Spec)[1:])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cfg.Pooling.Transaction()).To(BeFalse())
+		Expect(cfg.Pooling.Options(cfg.DrainerID, false).Unprepared).To(BeTrue())
+	})
+
 	It("publishes to the default exchange only with mandatory, as the CRD's rule allows", func() {
 		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde")
 		od := samples.OutboxDrainer()

@@ -59,7 +59,9 @@ var _ = Describe("A read-only server", Label(tier.DB, tier.Broker), func() {
 			ContainSubstring("SQLSTATE 25006"), ContainSubstring("reconnecting to find the primary")))
 		connects := p.Stat().NewConnsCount()
 		watch := 3 * time.Second
-		Consistently(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL AND (attempts > 0 OR claimed_by IS NOT NULL)") },
+		Consistently(func() int {
+			return db.Count(ctx, spec.Name, "published_at IS NULL AND (attempts > 0 OR claimed_by IS NOT NULL)")
+		},
 			watch, 100*time.Millisecond).Should(BeZero(), "nothing claimed, marked or counted")
 		tries := testutil.ToFloat64(r.metrics.StatementErrors.WithLabelValues(statementClaim, "connection"))
 		GinkgoWriter.Printf("%.0f read-only claims, %d new sessions in %s\n", tries, p.Stat().NewConnsCount()-connects, watch)

@@ -59,17 +59,25 @@
 #                    missing, except under CI=true) on 127.0.0.1:6435, in front
 #                    of the current primary: databases test_tx (pool_mode
 #                    transaction) and test_session (pool_mode session), both
-#                    database test; users postgres and root, trust. When the
-#                    primary has moved since, rewrites the config and RELOADs
-#                    (server connections are replaced as they are released)
+#                    database test; users postgres and root, trust. It does not
+#                    follow the roles by itself: after a switchover, crash or
+#                    demote, run it again, which rewrites the config and RELOADs
+#                    (server connections move as they are released)
 #   pgbouncer pause [DB]     PAUSE: wait until DB's server connections are
-#                    released (a session-mode client holds its server until it
-#                    disconnects), then hold new queries until resume
+#                    released (a transaction's end in transaction mode; in
+#                    session mode only the client's disconnect: a connected
+#                    client keeps working, and pause gives up after
+#                    $SPILLWAY_PGBOUNCER_PAUSE_WAIT s, default 30, with DB left
+#                    paused); meanwhile and until resume, queries and new
+#                    clients wait
 #   pgbouncer resume [DB]    RESUME, after pause or kill
 #   pgbouncer reconnect [DB] RECONNECT: replace server connections as released
 #   pgbouncer kill [DB]      KILL: drop DB's client and server connections at
-#                    once. The database then stays killed: new clients wait
-#                    until `pgbouncer resume`, which kill does not do itself
+#                    once. DB then stays killed: new clients wait until
+#                    `pgbouncer resume`, which kill does not do itself. A client
+#                    that tried to log in while DB was killed makes PgBouncer
+#                    wait server_login_retry (15 s) before the next server
+#                    connection, so it may lag that long after resume
 #   pgbouncer restart        stop the process (SIGTERM: immediate shutdown,
 #                    clients are cut off) and start it with the same config
 #   pgbouncer stop           stop it (SIGTERM)
@@ -91,6 +99,9 @@ bdir=$state/pgbouncer
 bport=6435
 bini=$bdir/pgbouncer.ini
 bdbs="test_tx test_session"
+# The caller's libpq settings (PGTARGETSESSIONATTRS, PGOPTIONS, PGUSER...) must
+# not change what this script's own psql and pg_basebackup do.
+for v in $(compgen -e); do case $v in PG*) unset "$v" ;; esac; done
 
 name() { echo "spillway_ha_$1"; }
 port() { case $1 in a) echo 5433 ;; b) echo 5434 ;; esac; }
@@ -635,7 +646,7 @@ cmd_demote() {
   eval "exec ${OLD[1]}>&-"
   wait "$pg_pid" 2>/dev/null || true
   [ $ok = yes ] || die "a session open on $(name "$p") still has transaction_read_only = '$line'"
-  wait_until 5 eval "[ \"\$(PGOPTIONS= sql $p 'show transaction_read_only')\" = on ]" ||
+  wait_until 5 eval "[ \"\$(sql $p 'show transaction_read_only')\" = on ]" ||
     die "a new session on $(name "$p") is not read-only"
   say "$(name "$p") ($(port "$p")) is read-only for open and new sessions"
   promote "$r"
@@ -822,21 +833,23 @@ EOF
 }
 
 bouncer_cmd() { # PAUSE|RESUME|RECONNECT|KILL [DB]
-  local c=$1 db=${2:-} list dbs out
+  local c=$1 db=${2:-} list out rc wait=${SPILLWAY_PGBOUNCER_PAUSE_WAIT:-30}
   [ -n "$(bouncer_pid)" ] || die "the script's pgbouncer is not running; run '$0 pgbouncer up'"
   case $db in '') list=$bdbs ;; test_tx|test_session) list=$db ;; *) die "database must be test_tx or test_session, not '$db'" ;; esac
   for db in $list; do
     # PAUSE returns once every server connection of db is released: at the
-    # end of the transactions in transaction mode, only when the clients
-    # disconnect in session mode.
-    if ! out=$(timeout 30 "$bin/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$bport" -U postgres -d pgbouncer -c "$c $db" 9>&- 2>&1); then
-      case $c:$out in
-        PAUSE:*already*|RESUME:*not\ paused*) say "$db: $out" ;;
-        PAUSE:"")
-          die "PAUSE $db did not finish in 30 s: clients hold server connections (session mode keeps them until they disconnect); new queries on $db wait meanwhile" ;;
-        *) die "$c $db: $out" ;;
-      esac
-    fi
+    # end of its transaction in transaction mode, only when the client
+    # disconnects in session mode. The others return at once.
+    rc=0
+    out=$(PGCONNECT_TIMEOUT=3 timeout "$wait" "$bin/psql" -X -q -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$bport" \
+      -U postgres -d pgbouncer -c "$c $db" 9>&- 2>&1) || rc=$?
+    [ $rc = 0 ] && continue
+    case $c:$rc:$out in
+      RESUME:*"is not paused"*) say "$db was not paused" ;;
+      PAUSE:124:*)
+        die "PAUSE $db did not complete in $wait s (\$SPILLWAY_PGBOUNCER_PAUSE_WAIT): clients still hold server connections (a session-mode client keeps its own, and can use it, until it disconnects). $db stays paused for everyone else until '$0 pgbouncer resume'" ;;
+      *) die "$c $db: ${out:-psql exited with $rc}" ;;
+    esac
   done
   say "pgbouncer ${c,,}: $list"
 }

@@ -13,6 +13,32 @@ wait_for() { # name, command...
   return 1
 }
 
+# hack/postgres-ha.sh and hack/postgres-tls.sh build their clusters with
+# postgresql-common's tools.
+if ! command -v pg_createcluster >/dev/null; then
+  echo "services: pg_createcluster is missing: install the package postgresql-common" >&2
+  exit 1
+fi
+
+# The PgBouncer fault tests run their own pgbouncer (hack/postgres-ha.sh
+# pgbouncer up); they need the binary, not the package's service. /usr/sbin
+# may be missing from a non-root PATH.
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+  echo "services: installing pgbouncer"
+  apt_log=$(mktemp)
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer >"$apt_log" 2>&1; then
+    # A fresh image may have no package lists yet.
+    echo "services: apt-get install failed; running apt-get update and trying again"
+    if ! { apt-get update >>"$apt_log" 2>&1 &&
+      DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer >>"$apt_log" 2>&1; }; then
+      tail -n 15 "$apt_log" >&2
+      echo "services: could not install the package pgbouncer (apt-get install -y pgbouncer)" >&2
+      exit 1
+    fi
+  fi
+  rm -f "$apt_log"
+fi
+
 if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
   if [ -d /etc/postgresql ]; then
     echo "services: starting PostgreSQL"

@@ -132,6 +132,29 @@ var _ = Describe("The drainer Deployment", func() {
 		Expect(plain.VolumeMounts).To(HaveLen(2))
 	})
 
+	It("mounts the URL past a transaction pooler, and passes the pooler's mode and statements, only when the spec sets them", func() {
+		pooled := od.DeepCopy()
+		pooled.Spec.Database.Pooler = &v1alpha1.Pooler{Mode: v1alpha1.PoolModeTransaction, PreparedStatements: ptr.To(true),
+			DirectURLSecretRef: &v1alpha1.SecretKeyRef{Name: "db-direct", Key: "url"}}
+		d := builtDeployment(pooled)
+		Expect(d.Spec.Template.Spec.Volumes).To(ContainElement(corev1.Volume{Name: "database-direct-url", VolumeSource: corev1.VolumeSource{
+			Secret: &corev1.SecretVolumeSource{SecretName: "db-direct", DefaultMode: ptr.To(int32(0o440)), Items: []corev1.KeyToPath{{Key: "url", Path: "url"}}}}}))
+		c := drainerContainer(d)
+		Expect(c.VolumeMounts).To(ContainElement(corev1.VolumeMount{Name: "database-direct-url", MountPath: "/var/run/secrets/spillway/database-direct", ReadOnly: true}))
+		Expect(c.Args).To(ContainElements("--database-pool-mode=transaction", "--database-prepared-statements=true",
+			"--database-direct-url-file=/var/run/secrets/spillway/database-direct/url"))
+		Expect(SecretNames(pooled.Spec)).To(ContainElement("db-direct"))
+
+		polling := od.DeepCopy()
+		polling.Spec.Database.Pooler = &v1alpha1.Pooler{Mode: v1alpha1.PoolModeTransaction}
+		c = drainerContainer(builtDeployment(polling))
+		Expect(c.Args).To(ContainElement("--database-pool-mode=transaction"))
+		Expect(c.Args).NotTo(ContainElement(HavePrefix("--database-direct-url")))
+		Expect(c.Args).NotTo(ContainElement(HavePrefix("--database-prepared-statements")), "the mode's default")
+		Expect(c.VolumeMounts).To(HaveLen(2))
+		Expect(drainerContainer(builtDeployment(od)).Args).NotTo(ContainElement(HavePrefix("--database-pool-mode")))
+	})
+
 	It("takes the drainer ID from the pod name through the downward API", func() {
 		Expect(drainerContainer(builtDeployment(od)).Env).To(ConsistOf(corev1.EnvVar{
 			Name:      "POD_NAME",

@@ -19,7 +19,7 @@ const (
 	BrokerURLDir   = "/var/run/secrets/spillway/broker"
 	// DirectURLDir holds the URL past a transaction pooler.
 	DirectURLDir = "/var/run/secrets/spillway/database-direct"
-	urlFile        = "url"
+	urlFile      = "url"
 	// The TLS Secrets are mounted whole, with the key names cert-manager
 	// writes.
 	DatabaseTLSDir = "/var/run/secrets/spillway/database-tls"

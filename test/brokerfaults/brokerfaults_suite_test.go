@@ -9,8 +9,6 @@ package brokerfaults
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -23,7 +21,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/spillway-io/spillway/secret"
+	"github.com/spillway-io/spillway/test/faultwatch"
 	"github.com/spillway-io/spillway/test/rabbitcluster"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
@@ -41,7 +39,7 @@ var (
 	// env is what hack/rabbitmq-cluster.sh env prints.
 	env map[string]string
 	// reports are the faults' figures, printed together after the suite.
-	reports []report
+	reports faultwatch.Reports
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
@@ -66,17 +64,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	DeferCleanup(func() { cluster("stop") })
 }, NodeTimeout(5*time.Minute))
 
-var _ = ReportAfterSuite("the faults' figures", func(r Report) {
-	if len(reports) == 0 {
-		return
-	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "\n%-44s %7s %5s %5s %9s  %s\n", "fault", "events", "lost", "dups", "recovery", "what the drainer reported")
-	for _, f := range reports {
-		fmt.Fprintf(&b, "%-44s %7d %5d %5d %8.1fs  %s\n", f.fault, f.events, f.lost, f.duplicates, f.recovery.Seconds(), secret.Truncate(f.reported, 120))
-	}
-	fmt.Fprint(os.Stdout, b.String())
-})
+var _ = ReportAfterSuite("the faults' figures", func(Report) { reports.Print() })
 
 // cluster runs hack/rabbitmq-cluster.sh, failing the spec if it fails.
 func cluster(args ...string) string {
@@ -164,43 +152,22 @@ func (d drainer) waitDraining(n int) int {
 // finish stops the traffic, waits for every row to be published, accounts
 // for each against the messages the queue received, and records the
 // fault's figures.
-func (f *fleet) finish(ctx context.Context, w *watch, fault string) {
+func (f *fleet) finish(ctx context.Context, w *faultwatch.Watch, fault string) {
 	written, err := f.stopTraffic()
 	Expect(err).NotTo(HaveOccurred())
 	_, err = f.outbox.WaitDrained(ctx, 3*time.Minute)
 	Expect(err).NotTo(HaveOccurred())
-	w.stop()
+	w.Stop()
 	ids := suite.DB{Pool: pool}.IDs(ctx, f.outbox.Table, "true")
 	Expect(len(ids)).To(Equal(backlogRows + len(written)))
 	Expect(suite.DB{Pool: pool}.Count(ctx, f.outbox.Table, "attempts > 0")).To(BeZero(), "a broker fault counted an attempt against a row")
-	var r report
+	var lost []string
+	var duplicates int
 	onCluster(func(ch *amqp.Channel) {
-		lost, duplicates, err := rabbitcluster.Account(ch, f.topo.Queue, ids)
+		lost, duplicates, err = rabbitcluster.Account(ch, f.topo.Queue, ids)
 		Expect(err).NotTo(HaveOccurred())
-		r.lost, r.duplicates = len(lost), duplicates
 	})
-	r.fault, r.events, r.recovery, r.reported, r.logged, r.timeline = fault, len(ids), w.longestPause(), w.reported(), w.logged(), w.timeline
-	record(r)
-}
-
-// report is one fault's figures.
-type report struct {
-	fault        string
-	events, lost int
-	duplicates   int
-	recovery     time.Duration
-	reported     string
-	logged       string
-	timeline     *testenv.Timeline
-}
-
-// record prints the fault's figures and timeline, and keeps them for the
-// suite's table.
-func record(r report) {
-	AddReportEntry(r.fault, fmt.Sprintf("events %d, lost %d, duplicates %d, longest pause in publishing %.1fs\n/readyz said: %s\nlogged: %s\n%s",
-		r.events, r.lost, r.duplicates, r.recovery.Seconds(), r.reported, r.logged, r.timeline))
-	reports = append(reports, r)
-	Expect(r.lost).To(BeZero(), "events lost")
+	reports.Record(w.Of(fault, len(ids), len(lost), duplicates))
 }
 
 // onCluster runs fn on a channel of a fresh connection to the first node of

@@ -34,9 +34,9 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		node := d.waitDraining(2000)
 		w := watchDrainer(d)
 
-		w.fault("kill -9 of " + rabbitcluster.NodeName(node) + ", the drainer's node")
+		w.Fault("kill -9 of " + rabbitcluster.NodeName(node) + ", the drainer's node")
 		cluster("kill-node", strconv.Itoa(node))
-		w.movedFrom(node)
+		movedFrom(w, d, node)
 		f.finish(ctx, w, "1. the drainer's node killed (kill -9)")
 		cluster("start-node", strconv.Itoa(node))
 	})
@@ -48,9 +48,9 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		w := watchDrainer(d)
 
 		for n := 1; n <= 3; n++ {
-			w.fault("restart of " + rabbitcluster.NodeName(n))
+			w.Fault("restart of " + rabbitcluster.NodeName(n))
 			cluster("restart-node", strconv.Itoa(n))
-			w.timeline.Mark("%s back in the cluster", rabbitcluster.NodeName(n))
+			w.Timeline.Mark("%s back in the cluster", rabbitcluster.NodeName(n))
 		}
 		f.finish(ctx, w, "2. rolling restart of the three nodes")
 	})
@@ -63,7 +63,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 
 		leader := rabbitcluster.Leader(1, f.topo.Queue)
 		Expect(leader).NotTo(BeZero(), "the queue has a leader")
-		w.fault("stop_app on " + rabbitcluster.NodeName(leader) + ", the queue's leader")
+		w.Fault("stop_app on " + rabbitcluster.NodeName(leader) + ", the queue's leader")
 		rabbitmqctl(leader, "stop_app")
 		DeferCleanup(func() { rabbitmqctl(leader, "start_app") })
 		Eventually(func() int {
@@ -74,10 +74,10 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 			}
 			return 0
 		}, time.Minute, 200*time.Millisecond).Should(And(Not(BeZero()), Not(Equal(leader))))
-		w.timeline.Mark("leadership moved")
+		w.Timeline.Mark("leadership moved")
 		time.Sleep(10 * time.Second) // draining with a two-node majority
 		rabbitmqctl(leader, "start_app")
-		w.timeline.Mark("%s started again", rabbitcluster.NodeName(leader))
+		w.Timeline.Mark("%s started again", rabbitcluster.NodeName(leader))
 		f.finish(ctx, w, "3. the quorum queue's leader stopped")
 	})
 
@@ -88,7 +88,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		alarmed := node%3 + 1 // another node: an alarm anywhere blocks publishers everywhere
 		w := watchDrainer(d)
 
-		w.fault("memory alarm on " + rabbitcluster.NodeName(alarmed))
+		w.Fault("memory alarm on " + rabbitcluster.NodeName(alarmed))
 		watermark := rabbitmqctl(alarmed, "eval", "vm_memory_monitor:get_vm_memory_high_watermark().")
 		rabbitmqctl(alarmed, "set_vm_memory_high_watermark", "0.0000001")
 		alarmAt := time.Now()
@@ -99,7 +99,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 			Should(HavePrefix("503 broker is blocking publishes"))
 		Eventually(func() int64 { return blockedDrainers(ctx, f) }, 10*time.Second, 50*time.Millisecond).Should(Equal(int64(1)),
 			"the drainer flags the block for the operator's Ready condition")
-		w.timeline.Mark("the drainer's broker_blocked flag counted in the outbox's database")
+		w.Timeline.Mark("the drainer's broker_blocked flag counted in the outbox's database")
 		Eventually(func() int { return len(claimed(ctx, f)) }, 30*time.Second).Should(BeZero(), "claims in flight released")
 		before, err := testenv.Metric(d.addr, "spillway_drainer_claimed_rows_total")
 		Expect(err).NotTo(HaveOccurred())
@@ -108,7 +108,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 
 		time.Sleep(time.Until(alarmAt.Add(20 * time.Second)))
 		rabbitmqctl(alarmed, "set_vm_memory_high_watermark", watermark)
-		w.timeline.Mark("alarm cleared")
+		w.Timeline.Mark("alarm cleared")
 		Eventually(func() int64 { return blockedDrainers(ctx, f) }, 30*time.Second, 50*time.Millisecond).Should(BeZero())
 		f.finish(ctx, w, "4. memory alarm on one node for 20 s")
 	})
@@ -119,13 +119,13 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		node := d.waitDraining(2000)
 		w := watchDrainer(d)
 
-		w.fault("partition: " + rabbitcluster.NodeName(node) + ", the drainer's node, cut off from the other two")
+		w.Fault("partition: " + rabbitcluster.NodeName(node) + ", the drainer's node, cut off from the other two")
 		cluster("partition-node", strconv.Itoa(node))
 		DeferCleanup(func() { cluster("heal-node", strconv.Itoa(node)) })
-		w.movedFrom(node)
+		movedFrom(w, d, node)
 		time.Sleep(10 * time.Second)
 		cluster("heal-node", strconv.Itoa(node))
-		w.timeline.Mark("partition healed")
+		w.Timeline.Mark("partition healed")
 		f.finish(ctx, w, "5. the drainer's node partitioned, then healed")
 	})
 
@@ -136,10 +136,10 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		w := watchDrainer(d)
 		served := servedSerial(node)
 
-		w.fault("server certificate renewed on every node")
+		w.Fault("server certificate renewed on every node")
 		renewServerCertificate()
 		Expect(servedSerial(node)).NotTo(Equal(served), "the node serves the new certificate")
-		w.timeline.Mark("connections closed, so the drainer reconnects through the new certificate")
+		w.Timeline.Mark("connections closed, so the drainer reconnects through the new certificate")
 		for n := 1; n <= 3; n++ {
 			rabbitmqctl(n, "close_all_connections", "certificate rotated")
 		}
@@ -153,7 +153,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		copyFile(certs("wrong-ca.crt"), ca)
 		d := f.drain("wrong-ca", env["SPILLWAY_RMQ_AMQPS_URLS"], tlsArgs(ca)...)
 		w := watchDrainer(d)
-		w.fault("the drainer's CA file holds the wrong CA")
+		w.Fault("the drainer's CA file holds the wrong CA")
 
 		Eventually(func() string { return readyz(d.addr) }, 30*time.Second, 50*time.Millisecond).
 			Should(And(HavePrefix("503 broker not connected"), ContainSubstring("certificate signed by unknown authority")))
@@ -162,7 +162,7 @@ var _ = Describe("A RabbitMQ cluster with a quorum queue", Serial, func() {
 		Expect(pending(ctx, f)).To(BeNumerically(">=", backlogRows), "nothing marked published")
 
 		copyFile(certs("ca.crt"), ca)
-		w.timeline.Mark("the right CA written to the file")
+		w.Timeline.Mark("the right CA written to the file")
 		f.finish(ctx, w, "7. a certificate of the wrong CA refused")
 	})
 })

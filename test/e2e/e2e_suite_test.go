@@ -24,6 +24,7 @@ import (
 	"github.com/spillway-io/spillway/controllers"
 	"github.com/spillway-io/spillway/test/kubeenv"
 	"github.com/spillway-io/spillway/test/localnode"
+	"github.com/spillway-io/spillway/test/pgha"
 	"github.com/spillway-io/spillway/test/rabbitcluster"
 	"github.com/spillway-io/spillway/test/testenv"
 	"github.com/spillway-io/spillway/test/tier"
@@ -76,8 +77,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	assets, err := kubeenv.ClusterAssets()
 	Expect(err).NotTo(HaveOccurred())
 	cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{
-		// The broker cluster's nodes, for the fleet that publishes to it.
-		Forward: rabbitcluster.Addrs(),
+		// The broker cluster's nodes, the database primary and replica and
+		// PgBouncer, for the fleets that use them.
+		Forward: append(rabbitcluster.Addrs(), pgha.Addrs()...),
 		Images: map[string]localnode.Image{
 			// The Dockerfile's image: the static binary, as distroless's
 			// nonroot user.

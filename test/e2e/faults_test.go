@@ -396,19 +396,21 @@ func describeFaults(env *journey) {
 // waitRolledOut waits until the fleet's two drainer pods are new ones,
 // Ready, run with arg, and the pods before are gone.
 func waitRolledOut(ctx context.Context, f *fault, before []string, arg string) {
-	waitPodsArgs(ctx, before, ContainElement(arg))
+	waitPodsArgs(ctx, shop, before, ContainElement(arg))
 	f.timeline.Mark("rolled out: 2 new drainer pods Ready with %s, the old ones gone", arg)
 }
 
 // waitRolledOutWithout is waitRolledOut for pods run without flag.
 func waitRolledOutWithout(ctx context.Context, f *fault, before []string, flag string) {
-	waitPodsArgs(ctx, before, Not(ContainElement(HavePrefix(flag))))
+	waitPodsArgs(ctx, shop, before, Not(ContainElement(HavePrefix(flag))))
 	f.timeline.Mark("rolled out: 2 new drainer pods Ready without %s, the old ones gone", flag)
 }
 
-func waitPodsArgs(ctx context.Context, before []string, args types.GomegaMatcher) {
+// waitPodsArgs waits until the fleet in namespace runs 2 new drainer pods,
+// Ready, whose arguments match args.
+func waitPodsArgs(ctx context.Context, namespace string, before []string, args types.GomegaMatcher) {
 	Eventually(func(g Gomega) {
-		list := pods(ctx, shop, drainerLabels)
+		list := pods(ctx, namespace, drainerLabels)
 		g.Expect(list).To(HaveLen(2))
 		for _, p := range list {
 			g.Expect(ready(p)).To(BeTrue())

@@ -260,6 +260,8 @@ var _ = Describe("Spillway on the local cluster", Ordered, func() {
 
 	describeBrokerCluster(env)
 
+	describeDatabaseFailover(env)
+
 	describeAutoscaling()
 })
 
