@@ -31,12 +31,13 @@ build: ## Build bin/spillway.
 services: ## Start the local Postgres and RabbitMQ if they are installed but stopped.
 	@hack/services.sh
 
-# The fault suite stops RabbitMQ, raises its memory alarm and kills Postgres
-# sessions, so it runs alone, after the others. The lock extends that to
+# The fault suites stop RabbitMQ, raise its memory alarm, kill Postgres
+# sessions and fail over a primary of their own (hack/postgres-ha.sh), so
+# they run alone, after the others. The lock extends that to
 # other runs on the same machine (a second checkout, make bench): they share
 # the services, and a fault run takes them for itself. -o keeps the lock from
 # the daemons a fault spec restarts, which would otherwise hold it for good.
-FAULTS        := ./test/faults ./test/brokerfaults
+FAULTS        := ./test/faults ./test/brokerfaults ./test/dbfaults
 SERVICES_LOCK ?= /tmp/spillway-services.lock
 
 # SUITE_ENV builds (once) and points the suites at the control plane, helm
@@ -51,7 +52,7 @@ SUITE_ENV = assets=$$(hack/control-plane.sh) && promtool=$$(hack/promtool.sh) &&
 test: services verify-generated $(HELM) ## Run every suite against the local Postgres, RabbitMQ, an envtest control plane and a local cluster; the fault suite last.
 	$(GO) vet ./...
 	$(SUITE_ENV) && \
-		flock -o -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v -e '/test/faults$$' -e '/test/brokerfaults$$') && \
+		flock -o -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v -e '/test/faults$$' -e '/test/brokerfaults$$' -e '/test/dbfaults$$') && \
 		flock -o -x $(SERVICES_LOCK) $(GO) test -p 1 $(TEST_FLAGS) $(FAULTS)
 
 # The unit tier: every spec that runs against no service, which is every

@@ -135,6 +135,11 @@ var _ = Describe("The OutboxDrainer schema", func() {
 			"targetBacklogPerReplica": int64(25_000), "targetOldestPendingAge": "1m", "scaleDownStabilization": "0s"})),
 		Entry("autoscaling beside the default replicas, which kubectl apply may send", all(set("replicas", int64(1)),
 			set("autoscaling", map[string]any{"maxReplicas": int64(1), "targetBacklogPerReplica": int64(1)}))),
+		Entry("a pooler in transaction mode, polling", set("database.pooler", map[string]any{"mode": "Transaction"})),
+		Entry("a pooler in transaction mode with a direct URL and maxRate", all(set("maxRate", int64(500)),
+			set("database.pooler", map[string]any{"mode": "Transaction", "preparedStatements": true,
+				"directURLSecretRef": map[string]any{"name": "orders-db-direct", "key": "url"}}))),
+		Entry("maxRate beside a pooler in session mode", all(set("maxRate", int64(500)), set("database.pooler", map[string]any{"mode": "Session"}))),
 	)
 
 	DescribeTable("rejects, naming the field and the rule,",
@@ -172,6 +177,14 @@ var _ = Describe("The OutboxDrainer schema", func() {
 			`spec.broker.messageProperties: Unsupported value: "compact": supported values: "Full", "Compact"`),
 		Entry("negative replicas", set("replicas", int64(-1)), "spec.replicas"),
 		Entry("maxAttempts 0", set("maxAttempts", int64(0)), "spec.maxAttempts"),
+		Entry("a pool mode PgBouncer's statement mode", set("database.pooler", map[string]any{"mode": "Statement"}),
+			`spec.database.pooler.mode: Unsupported value: "Statement": supported values: "Session", "Transaction"`),
+		Entry("a direct URL without transaction mode", set("database.pooler", map[string]any{
+			"directURLSecretRef": map[string]any{"name": "orders-db-direct", "key": "url"}}),
+			"spec.database.pooler.directURLSecretRef: Invalid value: directURLSecretRef only serves a pooler in Transaction mode"),
+		Entry("maxRate through a transaction pooler with no direct URL", all(set("maxRate", int64(500)),
+			set("database.pooler", map[string]any{"mode": "Transaction"})),
+			"spec.maxRate: Invalid value: maxRate is shared by the drainers counting each other on a session of their own"),
 		Entry("the default exchange without mandatory, which drops unroutable rows", unset("broker.exchange"),
 			"set an exchange, or broker.mandatory to publish to the default exchange"),
 		Entry("an empty exchange without mandatory", set("broker.exchange", ""), "spec.broker.exchange: Invalid value"),

@@ -82,13 +82,13 @@ var _ = Describe("PgBouncer in transaction mode", Serial, func() {
 		start := time.Now()
 		a := f.drain("pooled-a", pgha.Pooled("test_tx"), pooled...)
 		b := f.drain("pooled-b", pgha.Pooled("test_tx"), pooled...)
-		w := f.watch(a, pgha.Pooled("test_tx"))
-		w.Fault("the whole drain through PgBouncer in transaction mode")
 		for _, d := range []drainer{a, b} {
 			Eventually(func() (float64, error) { return testenv.Metric(d.addr, "spillway_drainer_rate_share_events_per_second") }, 30*time.Second).
 				Should(Equal(500000.0), "two drainers counted each other on their direct sessions")
 			Eventually(func() (float64, error) { return testenv.Metric(d.addr, "spillway_drainer_listening") }, 30*time.Second).Should(Equal(1.0))
 		}
+		w := f.watch(a, pgha.Pooled("test_tx"))
+		w.Fault("draining through PgBouncer in transaction mode")
 		Expect(sessionState(ctx, "postgres")).To(BeEmpty(), "no LISTEN and no advisory lock through the pooler")
 		Expect(sessionState(ctx, "root")).To(ContainElement(HavePrefix("LISTEN")), "the LISTEN on the direct session")
 		backlogDrained(ctx, f, start)

@@ -93,15 +93,16 @@ func Pool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
-// SessionState lists what user's sessions on db's server hold that a
-// transaction pooler would strand or lose: their LISTENs and their
-// advisory locks.
+// SessionState lists what Spillway's sessions of user on db's server hold
+// that a transaction pooler would strand or lose: their LISTENs and their
+// advisory locks. The application's sessions are left out: the notify
+// trigger takes a transaction's advisory lock in each of its inserts.
 func SessionState(ctx context.Context, db *pgxpool.Pool, user string) ([]string, error) {
 	rows, err := db.Query(ctx, `
 		SELECT query FROM pg_stat_activity WHERE usename = $1 AND query LIKE 'LISTEN%'
 		UNION ALL
-		SELECT 'advisory lock ' || l.objid FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-		WHERE l.locktype = 'advisory' AND a.usename = $1`, user)
+		SELECT 'advisory lock ' || l.objid || ' held by ' || a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND a.usename = $1 AND a.application_name LIKE 'spillway-%'`, user)
 	if err != nil {
 		return nil, err
 	}
