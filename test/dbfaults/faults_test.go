@@ -83,7 +83,9 @@ var _ = Describe("PgBouncer in transaction mode", Serial, func() {
 		a := f.drain("pooled-a", pgha.Pooled("test_tx"), pooled...)
 		b := f.drain("pooled-b", pgha.Pooled("test_tx"), pooled...)
 		for _, d := range []drainer{a, b} {
-			Eventually(func() (float64, error) { return testenv.Metric(d.addr, "spillway_drainer_rate_share_events_per_second") }, 30*time.Second).
+			Eventually(func() (float64, error) {
+				return testenv.Metric(d.addr, "spillway_drainer_rate_share_events_per_second")
+			}, 30*time.Second).
 				Should(Equal(500000.0), "two drainers counted each other on their direct sessions")
 			Eventually(func() (float64, error) { return testenv.Metric(d.addr, "spillway_drainer_listening") }, 30*time.Second).Should(Equal(1.0))
 		}
@@ -97,7 +99,7 @@ var _ = Describe("PgBouncer in transaction mode", Serial, func() {
 		GinkgoWriter.Printf("transaction pooling drained at %.0f events/s, a direct connection at %.0f: ratio %.2f\n", rate, direct, rate/direct)
 		AddReportEntry("rate through PgBouncer in transaction mode", rate/direct)
 		f.finish(ctx, w, "4. drained through PgBouncer, transaction mode")
-		Expect(rate/direct).To(BeNumerically(">=", 0.8))
+		Expect(rate / direct).To(BeNumerically(">=", 0.8))
 		Expect(ordered(ctx, f)).To(Succeed())
 	})
 
