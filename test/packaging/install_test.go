@@ -238,6 +238,22 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 		Expect(k8s.Create(context.Background(), refused, client.DryRunAll)).To(MatchError(And(
 			ContainSubstring("spec.broker.tls.external"), ContainSubstring("external authenticates with the client certificate: set clientCertificate"))))
 	})
+
+	It("applies the PgBouncer sample in a server-side dry run, and builds drainers that mount the direct URL and run in transaction mode", func() {
+		out := mustRun("kubectl", "apply", "--dry-run=server", "--namespace=default", "-f", "config/samples/pgbouncer/")
+		Expect(out).To(ContainSubstring("outboxdrainer.spillway.io/orders-pgbouncer created (server dry run)"))
+		od := object[v1alpha1.OutboxDrainer](manifestsFile("config/samples/pgbouncer/outboxdrainer-pgbouncer.yaml"), "OutboxDrainer", "orders-pgbouncer")
+		Expect(resource.DrainArgs(od.Spec)).To(ContainElements("--database-pool-mode=transaction",
+			"--database-direct-url-file=/var/run/secrets/spillway/database-direct/url"))
+		Expect(resource.SecretNames(od.Spec)).To(ConsistOf("orders-db-pgbouncer", "orders-rabbitmq", "orders-db-direct"))
+
+		By("the API server refuses maxRate through the pooler without a direct URL, naming the field")
+		refused := od.DeepCopy()
+		refused.Namespace = "default"
+		refused.Spec.Database.Pooler.DirectURLSecretRef = nil
+		Expect(k8s.Create(context.Background(), refused, client.DryRunAll)).To(MatchError(And(
+			ContainSubstring("spec.maxRate"), ContainSubstring("set database.pooler.directURLSecretRef"))))
+	})
 })
 
 var _ = Describe("The chart installed for some namespaces only, with secure metrics", func() {
