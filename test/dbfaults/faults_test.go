@@ -10,6 +10,7 @@ import (
 	"github.com/onsi/gomega/gbytes"
 	"github.com/onsi/gomega/gexec"
 
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/pgha"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
@@ -42,9 +43,10 @@ var _ = Describe("A primary with a synchronous streaming replica, reached by a m
 		// the drainer's (asynchronous) do not.
 		ha("rejoin")
 		w.Timeline.Mark("the crashed node rebuilt as the new primary's replica")
-		f.finish(ctx, w, "2. primary killed (kill -9), replica promoted")
+		d.waitDraining(backlogRows / 2)
 		lost, _ := testenv.Metric(d.addr, "spillway_drainer_lease_lost_rows_total")
-		GinkgoWriter.Printf("%g rows whose claim the crash lost were left alone by their settle, fenced on it, and published again\n", lost)
+		w.Timeline.Mark("%g rows whose claim the crash lost were left alone by their settle, fenced on it, to be published again", lost)
+		f.finish(ctx, w, "2. primary killed (kill -9), replica promoted")
 	})
 
 	It("leaves a demoted primary that still answers, read-only, for the new one: no loop, no mark, no attempt", func(ctx SpecContext) {
@@ -52,6 +54,16 @@ var _ = Describe("A primary with a synchronous streaming replica, reached by a m
 		d := f.drain("demoted", pgha.URL("postgres"))
 		d.waitDraining(2000)
 		w := f.watch(d, pgha.URL("postgres"))
+		// The operator's read, with a session left on the primary to be
+		// demoted.
+		reader := outbox.NewReader(5 * time.Second)
+		DeferCleanup(reader.Close)
+		backlog := func() int64 {
+			h, err := reader.ReadHealth(ctx, pgha.URL("postgres"), outbox.HealthRead{Spec: f.spec, MaxAttempts: 10, CountLimit: 1_000_000})
+			Expect(err).NotTo(HaveOccurred())
+			return h.Status.Backlog
+		}
+		frozen := backlog()
 
 		w.Fault("the primary demoted, read-only and reachable; the replica promoted")
 		w.Timeline.Mark("primary now on %s", ha("demote"))
@@ -60,6 +72,8 @@ var _ = Describe("A primary with a synchronous streaming replica, reached by a m
 		Expect(err).NotTo(HaveOccurred())
 		Eventually(published, 30*time.Second, 50*time.Millisecond).Should(BeNumerically(">", before+1000), "draining from the new primary")
 		w.Timeline.Mark("draining from the new primary while the old one answers read-only")
+		Expect(backlog()).To(BeNumerically("<", frozen-1000), "the operator's read left its session on the demoted primary, whose rows stand still")
+		w.Timeline.Mark("the operator's read moved to the new primary too")
 		errors, _ := testenv.Metric(d.addr, `spillway_drainer_statement_errors_total{sqlstate="connection",statement="claim"}`)
 		Expect(errors).To(BeNumerically("<", 20), "a read-only answer is tried again at a poll's pace, not in a loop")
 		ha("rejoin")
