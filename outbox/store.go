@@ -170,12 +170,8 @@ func (s *Store) query(ctx context.Context, stmt Statement) (pgx.Rows, error) {
 	if s.settings == nil {
 		return s.pool.Query(ctx, stmt.SQL, stmt.Args...)
 	}
-	batch := &pgx.Batch{}
-	batch.Queue(s.settings.SQL, s.settings.Args...)
-	batch.Queue(stmt.SQL, stmt.Args...)
-	results := s.pool.SendBatch(ctx, batch)
-	if _, err := results.Exec(); err != nil {
-		_ = results.Close()
+	results, err := s.afterSettings(ctx, stmt)
+	if err != nil {
 		return nil, err
 	}
 	rows, err := results.Query()
@@ -191,19 +187,29 @@ func (s *Store) exec(ctx context.Context, stmt Statement) (pgconn.CommandTag, er
 	if s.settings == nil {
 		return s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
 	}
-	batch := &pgx.Batch{}
-	batch.Queue(s.settings.SQL, s.settings.Args...)
-	batch.Queue(stmt.SQL, stmt.Args...)
-	results := s.pool.SendBatch(ctx, batch)
-	_, err := results.Exec()
-	var tag pgconn.CommandTag
-	if err == nil {
-		tag, err = results.Exec()
+	results, err := s.afterSettings(ctx, stmt)
+	if err != nil {
+		return pgconn.CommandTag{}, err
 	}
+	tag, err := results.Exec()
 	if cerr := results.Close(); err == nil {
 		err = cerr
 	}
 	return tag, err
+}
+
+// afterSettings sends the session settings and stmt as one batch, and
+// returns its results with the settings' read.
+func (s *Store) afterSettings(ctx context.Context, stmt Statement) (pgx.BatchResults, error) {
+	batch := &pgx.Batch{}
+	batch.Queue(s.settings.SQL, s.settings.Args...)
+	batch.Queue(stmt.SQL, stmt.Args...)
+	results := s.pool.SendBatch(ctx, batch)
+	if _, err := results.Exec(); err != nil {
+		_ = results.Close()
+		return nil, err
+	}
+	return results, nil
 }
 
 // batchRows are the rows of a batch's last statement; closing them ends the

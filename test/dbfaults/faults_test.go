@@ -11,6 +11,7 @@ import (
 	"github.com/onsi/gomega/gexec"
 
 	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/test/faultwatch"
 	"github.com/spillway-io/spillway/test/pgha"
 	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
@@ -18,10 +19,7 @@ import (
 
 var _ = Describe("A primary with a synchronous streaming replica, reached by a multi-host URL", Serial, func() {
 	It("loses no event through a switchover, and settles on the new primary the claims taken on the old", func(ctx SpecContext) {
-		f := newFleet(ctx, false)
-		d := f.drain("switchover", pgha.URL("postgres"))
-		d.waitDraining(2000)
-		w := f.watch(d, pgha.URL("postgres"))
+		f, _, w := drainingFleet(ctx, "switchover", pgha.URL("postgres"))
 
 		at := serverNow(ctx)
 		w.Fault("switchover: the primary stopped cleanly, the replica promoted")
@@ -32,10 +30,7 @@ var _ = Describe("A primary with a synchronous streaming replica, reached by a m
 	})
 
 	It("loses no event when the primary is killed with kill -9 and the replica promoted", func(ctx SpecContext) {
-		f := newFleet(ctx, false)
-		d := f.drain("crash", pgha.URL("postgres"))
-		d.waitDraining(2000)
-		w := f.watch(d, pgha.URL("postgres"))
+		f, d, w := drainingFleet(ctx, "crash", pgha.URL("postgres"))
 
 		w.Fault("kill -9 of the primary, the replica promoted")
 		w.Timeline.Mark("primary now on %s", ha("crash"))
@@ -50,10 +45,7 @@ var _ = Describe("A primary with a synchronous streaming replica, reached by a m
 	})
 
 	It("leaves a demoted primary that still answers, read-only, for the new one: no loop, no mark, no attempt", func(ctx SpecContext) {
-		f := newFleet(ctx, false)
-		d := f.drain("demoted", pgha.URL("postgres"))
-		d.waitDraining(2000)
-		w := f.watch(d, pgha.URL("postgres"))
+		f, d, w := drainingFleet(ctx, "demoted", pgha.URL("postgres"))
 		// The operator's read, with a session left on the primary to be
 		// demoted.
 		reader := outbox.NewReader(5 * time.Second)
@@ -129,10 +121,7 @@ var _ = Describe("PgBouncer in transaction mode", Serial, func() {
 	})
 
 	It("loses no event while the pooler is paused and resumed, reconnects its servers and restarts", func(ctx SpecContext) {
-		f := newFleet(ctx, false)
-		d := f.drain("paused", pgha.Pooled("test_tx"), "--database-pool-mode", "transaction")
-		d.waitDraining(2000)
-		w := f.watch(d, pgha.Pooled("test_tx"))
+		f, d, w := drainingFleet(ctx, "paused", pgha.Pooled("test_tx"), "--database-pool-mode", "transaction")
 
 		w.Fault("PAUSE")
 		ha("pgbouncer", "pause")
@@ -150,10 +139,7 @@ var _ = Describe("PgBouncer in transaction mode", Serial, func() {
 	})
 
 	It("loses no event when the pooler kills every server connection", func(ctx SpecContext) {
-		f := newFleet(ctx, false)
-		d := f.drain("killed", pgha.Pooled("test_tx"), "--database-pool-mode", "transaction")
-		d.waitDraining(2000)
-		w := f.watch(d, pgha.Pooled("test_tx"))
+		f, _, w := drainingFleet(ctx, "killed", pgha.Pooled("test_tx"), "--database-pool-mode", "transaction")
 
 		w.Fault("KILL test_tx: every client and server connection dropped")
 		ha("pgbouncer", "kill", "test_tx")
@@ -163,6 +149,15 @@ var _ = Describe("PgBouncer in transaction mode", Serial, func() {
 		f.finish(ctx, w, "6. PgBouncer KILL of every server connection")
 	})
 })
+
+// drainingFleet starts a fleet, one drainer through url, and the watch of
+// it, once the drainer is draining: the fault lands mid-drain.
+func drainingFleet(ctx context.Context, name, url string, extra ...string) (*fleet, drainer, *faultwatch.Watch) {
+	f := newFleet(ctx, false)
+	d := f.drain(name, url, extra...)
+	d.waitDraining(2000)
+	return f, d, f.watch(d, url)
+}
 
 // drainRate drains a fresh ordered backlog with two drainers through url,
 // and returns its rate in events a second, with the same traffic beside it
