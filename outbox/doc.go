@@ -33,4 +33,11 @@
 //     one, which tells whether the database would refuse them.
 //   - refusal: the database's answer to a statement it will not run for a
 //     reason waiting would not cure (a table gone, a privilege revoked).
+//     A write a read-only server refuses (25006, a demoted primary) is not
+//     one: the cure is the primary, found by dropping the sessions.
+//   - pool mode, direct URL: how the URL's server hands out sessions
+//     (pooling.go). Through a pooler in transaction mode no state lasts on
+//     a session: the settings open each claim and settle, statements go
+//     unnamed, and a drainer's own sessions (LISTEN, hush, roster, blocked
+//     flag) go past the pooler on the direct URL, or are done without.
 package outbox
