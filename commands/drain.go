@@ -67,7 +67,7 @@ func DrainCommand(ctx context.Context, args []string) error {
 		defer srv.Close()
 	}
 	log.Info("Drainer started", "table", store.Table().Name(),
-		"database", secret.RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File,
+		"database", secret.RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File, "poolMode", cfg.Pooling.Options("", false).Mode,
 		"broker", secret.RedactURL(cfg.Broker.URL), "brokerFile", cfg.Broker.File, "exchange", cfg.Broker.Exchange,
 		"gcPercent", gcPercent, "memoryLimitBytes", memoryLimit)
 	return d.Run(ctx)
@@ -121,7 +121,7 @@ func registerDrainFlags(fs *flag.FlagSet, c *drainer.Config) {
 	fs.Float64Var(&c.MaxRate, "max-rate", c.MaxRate,
 		"events per second that all the drainers of the table publish together, at most, each taking an equal share (0: no cap)")
 	fs.IntVar(&c.MaxRateDrainers, "max-rate-drainers", c.MaxRateDrainers,
-		"how many drainers share --max-rate when they cannot count each other: transaction pool mode without --database-direct-url (the operator passes the fleet's replicas)")
+		"how many drainers share --max-rate when they cannot count each other: transaction pool mode without --database-direct-url (for a fleet run by hand: a fleet's maxRate needs the direct URL)")
 	fs.DurationVar(&c.MaxCommitLatency, "max-commit-latency", c.MaxCommitLatency,
 		"slow the drain down while a commit on the database takes longer than this, as timed on one settle every 100ms committed synchronously (0: off)")
 }
