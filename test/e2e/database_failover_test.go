@@ -96,9 +96,10 @@ func describeDatabaseFailover(env *journey) {
 
 		It("loses no event when the primary is killed with kill -9 and the replica promoted", func(ctx SpecContext) {
 			dbFault(ctx, "Postgres primary killed (kill -9), replica promoted", func(ctx context.Context, f *fault) {
+				f.inject("kill -9 of the primary, then the replica promoted")
 				primary, err := pgha.Script("crash")
 				Expect(err).NotTo(HaveOccurred())
-				f.inject("kill -9 of the primary; the replica promoted, primary now on %s", primary)
+				f.note("primary now on %s", primary)
 				// The application's synchronous commits wait for a replica.
 				_, err = pgha.Script("rejoin")
 				Expect(err).NotTo(HaveOccurred())
@@ -109,14 +110,19 @@ func describeDatabaseFailover(env *journey) {
 		})
 
 		It("drains through PgBouncer in transaction mode, with its own sessions on a direct URL and none through the pooler", func(ctx SpecContext) {
+			// PgBouncer follows the primary only when told: after the
+			// failover, it is pointed at the new one.
+			_, err := pgha.Script("pgbouncer", "up")
+			Expect(err).NotTo(HaveOccurred())
 			before := readyPods(ctx, harbor, drainerLabels)
-			direct := `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"orders-db-direct"},"stringData":{"url":"` + pgha.URL("root") + `"}}`
-			out, err := runWithInput(direct, "kubectl", "apply", "--namespace", harbor, "-f", "-")
+			// The pooler's URL in a Secret of its own, and the fleet moved to
+			// it and to transaction mode in one change: the running drainers
+			// keep the URL they were started for until they are replaced.
+			secrets := secretManifest("orders-db-pgbouncer", pgha.Pooled("test_tx")) + "\n---\n" + secretManifest("orders-db-direct", pgha.URL("root"))
+			out, err := runWithInput(secrets, "kubectl", "apply", "--namespace", harbor, "-f", "-")
 			Expect(err).NotTo(HaveOccurred(), out)
-			mustRun("kubectl", "patch", "secret", "orders-db", "--namespace", harbor, "--type=merge",
-				"-p", `{"stringData":{"url":"`+pgha.Pooled("test_tx")+`"}}`)
-			mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", harbor, "--type=merge",
-				"-p", `{"spec":{"database":{"pooler":{"mode":"Transaction","directURLSecretRef":{"name":"orders-db-direct","key":"url"}}}}}`)
+			mustRun("kubectl", "patch", "outboxdrainer", fleetName, "--namespace", harbor, "--type=merge", "-p",
+				`{"spec":{"database":{"urlSecretRef":{"name":"orders-db-pgbouncer","key":"url"},"pooler":{"mode":"Transaction","directURLSecretRef":{"name":"orders-db-direct","key":"url"}}}}}`)
 			waitPodsArgs(ctx, harbor, before, ContainElements("--database-pool-mode=transaction",
 				"--database-direct-url-file=/var/run/secrets/spillway/database-direct/url"))
 			dbFault(ctx, "the whole drain through PgBouncer, transaction mode", func(ctx context.Context, f *fault) {
@@ -153,4 +159,9 @@ func outboxSpec(ctx context.Context, db *pgxpool.Pool) outbox.TableSpec {
 	_, err = outbox.InstallNotifyTrigger(ctx, db, spec)
 	Expect(err).NotTo(HaveOccurred())
 	return spec
+}
+
+// secretManifest is a Secret holding url under the key url.
+func secretManifest(name, url string) string {
+	return `{"apiVersion":"v1","kind":"Secret","metadata":{"name":"` + name + `"},"stringData":{"url":"` + url + `"}}`
 }
