@@ -77,9 +77,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Shelved: prometheus.NewCounter(prometheus.CounterOpts(opts("shelved_rows_total",
 			"Due rows that were not live (at maxAttempts, or parked, with a finite due time) given the due time 'infinity', out of the claims' way."))),
 		StatementErrors: prometheus.NewCounterVec(prometheus.CounterOpts(opts("statement_errors_total",
-			"Failed claims and settles, by statement (claim, settle) and by the SQLSTATE the database answered (connection: no answer).")), []string{"statement", "sqlstate"}),
+			"Failed claims and settles, and releases at start, by statement (claim, settle, release) and by the SQLSTATE the database answered (connection: no answer, or a read-only server's 25006).")), []string{"statement", "sqlstate"}),
 		StatementFailing: prometheus.NewGaugeVec(prometheus.GaugeOpts(opts("statement_failing",
-			"1 while a statement (claim, settle) has been refused by the database 3 times in a row, which makes the drainer unready, with the SQLSTATE of the last refusal.")), []string{"statement", "sqlstate"}),
+			"1 while a statement (claim, settle, release) has been refused by the database 3 times in a row, which makes the drainer unready, with the SQLSTATE of the last refusal.")), []string{"statement", "sqlstate"}),
 	}
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
 		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.BrokerConnected, m.BrokerBlocked, m.RateShare,
