@@ -128,7 +128,7 @@ func describeDatabaseFailover(env *journey) {
 			dbFault(ctx, "the whole drain through PgBouncer, transaction mode", func(ctx context.Context, f *fault) {
 				f.inject("draining through PgBouncer's test_tx, pool_mode = transaction")
 				Eventually(func() ([]string, error) { return pgha.SessionState(ctx, db, "root") }, time.Minute, 200*time.Millisecond).
-					Should(ContainElement(HavePrefix("LISTEN")), "the drainers listen on their direct sessions")
+					Should(ContainElements(HavePrefix("LISTEN"), HavePrefix("advisory lock")), "the drainers listen and join the roster on their direct sessions")
 				Expect(pgha.SessionState(ctx, db, "postgres")).To(BeEmpty(), "no LISTEN and no advisory lock through the pooler")
 				f.note("LISTEN and the roster's locks on the direct URL's sessions only")
 			})
