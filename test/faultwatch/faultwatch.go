@@ -262,10 +262,14 @@ func (rs *Reports) Print() {
 	var b strings.Builder
 	fmt.Fprintf(&b, "\n%-48s %7s %5s %5s %9s  %s\n", "fault", "events", "lost", "dups", "recovery", "what the drainer reported")
 	for _, f := range rs.all {
-		fmt.Fprintf(&b, "%-48s %7d %5d %5d %8.1fs  %s\n", f.Fault, f.Events, f.Lost, f.Duplicates, f.Recovery.Seconds(), secret.Truncate(f.Reported, 120))
+		fmt.Fprintf(&b, "%-48s %7d %5d %5d %8.1fs  %s\n", f.Fault, f.Events, f.Lost, f.Duplicates, f.Recovery.Seconds(), oneLine(f.Reported))
 		if f.Status != "" {
-			fmt.Fprintf(&b, "%-48s %7s %5s %5s %9s  status: %s\n", "", "", "", "", "", secret.Truncate(f.Status, 120))
+			fmt.Fprintf(&b, "%-48s %7s %5s %5s %9s  status: %s\n", "", "", "", "", "", oneLine(f.Status))
 		}
 	}
 	fmt.Fprint(os.Stdout, b.String())
 }
+
+// oneLine fits what a drainer said into a row of the table: pgx's connect
+// errors span a line per host.
+func oneLine(s string) string { return secret.Truncate(strings.Join(strings.Fields(s), " "), 120) }
