@@ -100,8 +100,11 @@ type running struct {
 }
 
 // newDrainer builds a drainer over the shared pool, with its own metrics.
-func newDrainer(ctx context.Context, cfg Config) *running {
-	store, err := outbox.OpenStore(ctx, pool, cfg.Table)
+func newDrainer(ctx context.Context, cfg Config) *running { return newDrainerOn(ctx, pool, cfg) }
+
+// newDrainerOn builds a drainer over p, with its own metrics.
+func newDrainerOn(ctx context.Context, p *pgxpool.Pool, cfg Config) *running {
+	store, err := outbox.OpenStore(ctx, p, cfg.Table)
 	Expect(err).NotTo(HaveOccurred())
 	reg, logs := prometheus.NewRegistry(), gbytes.NewBuffer()
 	d, err := New(cfg, store, NewMetrics(reg), testLog(logs))

@@ -5,8 +5,6 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
-	"github.com/onsi/gomega/gbytes"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/spillway-io/spillway/outbox"
@@ -35,12 +33,7 @@ var _ = Describe("A read-only server", Label(tier.DB, tier.Broker), func() {
 		p, err := outbox.ConnectPool(ctx, cfg.Database, cfg.Pooling.Options(cfg.DrainerID, false))
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(p.Close)
-		store, err := outbox.OpenStore(ctx, p, spec)
-		Expect(err).NotTo(HaveOccurred())
-		reg, logs := prometheus.NewRegistry(), gbytes.NewBuffer()
-		d, err := New(cfg, store, NewMetrics(reg), testLog(logs))
-		Expect(err).NotTo(HaveOccurred())
-		r := (&running{Drainer: d, reg: reg, logs: logs}).start()
+		r := newDrainerOn(ctx, p, cfg).start()
 		db.Seed(ctx, spec.Name, 200)
 		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, drainTimeout).Should(BeZero())
 		Eventually(func() error { return r.Ready(ctx) }, drainTimeout).Should(Succeed())
