@@ -140,6 +140,15 @@ demo-drain: build services ## Drain a seeded outbox in the local Postgres to Rab
 	$(GO) run ./test/demo -spillway $(BIN)/spillway
 
 IMG ?= ghcr.io/spillway-io/spillway:$(VERSION)
+# IMAGE_LAYOUT is where make image writes the image; REGISTRY, when set,
+# is pushed to as well (REGISTRY=localhost:5000 → localhost:5000/spillway-io/spillway:VERSION).
+IMAGE_LAYOUT ?= $(BIN)/image
+REGISTRY     ?=
+
+.PHONY: image
+image: ## Build the image for linux/amd64 and linux/arm64 without Docker, as an OCI layout in bin/image (and pushed to REGISTRY when set); prints its digest, size and platforms.
+	@$(GO) run ./hack/image -version $(VERSION) -layout $(IMAGE_LAYOUT) \
+		$(if $(REGISTRY),-push $(REGISTRY)/spillway-io/spillway:$(VERSION))
 
 .PHONY: docker-build
 docker-build: ## Build the one image of the operator and its drainers with Docker, tagged IMG.
