@@ -43,13 +43,13 @@ SERVICES_LOCK ?= /tmp/spillway-services.lock
 # SUITE_ENV builds (once) and points the suites at the control plane, helm
 # and promtool; a recipe line continues it with && and the tests.
 SUITE_ENV = assets=$$(hack/control-plane.sh) && promtool=$$(hack/promtool.sh) && \
-		export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) PROMTOOL=$$promtool
+		export KUBEBUILDER_ASSETS=$$assets HELM=$(HELM) PROMTOOL=$$promtool SPILLWAY_IMAGE_LAYOUT=$(IMAGE_LAYOUT)
 
 # flock -o: the lock is flock's own, not inherited by the tests' children;
 # a service that a fault test restarts would otherwise hold it for as long
 # as it runs, and every later run would wait for ever.
 .PHONY: test
-test: services verify-generated $(HELM) ## Run every suite against the local Postgres, RabbitMQ, an envtest control plane and a local cluster; the fault suite last.
+test: services verify-generated $(HELM) image ## Run every suite against the local Postgres, RabbitMQ, an envtest control plane and a local cluster; the fault suite last.
 	$(GO) vet ./...
 	$(SUITE_ENV) && \
 		flock -o -s $(SERVICES_LOCK) $(GO) test $(TEST_FLAGS) $$($(GO) list ./... | grep -v -e '/test/faults$$' -e '/test/brokerfaults$$' -e '/test/dbfaults$$') && \
@@ -129,11 +129,11 @@ helm-lint: $(HELM) ## Lint the chart with its default values and with every valu
 # minutes the first time, helm 1.5), then runs the journey as root: each pod
 # gets mount and network namespaces of its own.
 .PHONY: demo
-demo: build services $(HELM) ## The user journey on a local cluster of processes: helm install, the sample fleet draining 50,000 events, a scale-up.
+demo: build image services $(HELM) ## The user journey on a local cluster of processes: helm install, the sample fleet draining 50,000 events, a scale-up.
 	@assets=$$(hack/control-plane.sh) && start=$$(date +%s) && \
 		echo "demo: building the demo (test/clusterdemo)" && $(GO) build -o $(BIN)/clusterdemo ./test/clusterdemo && \
 		echo "demo: built in $$(($$(date +%s) - start))s" && \
-		KUBEBUILDER_ASSETS=$$assets $(BIN)/clusterdemo -spillway $(BIN)/spillway -helm $(HELM)
+		KUBEBUILDER_ASSETS=$$assets $(BIN)/clusterdemo -spillway $(BIN)/spillway -image-layout $(IMAGE_LAYOUT) -helm $(HELM)
 
 .PHONY: demo-drain
 demo-drain: build services ## Drain a seeded outbox in the local Postgres to RabbitMQ with two drainer processes; no cluster needed.

@@ -20,23 +20,35 @@ if ! command -v pg_createcluster >/dev/null; then
   exit 1
 fi
 
-# The PgBouncer fault tests run their own pgbouncer (hack/postgres-ha.sh
-# pgbouncer up); they need the binary, not the package's service. /usr/sbin
-# may be missing from a non-root PATH.
-if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
-  echo "services: installing pgbouncer"
+# install PACKAGE installs a Debian package, refreshing the package lists
+# once if a fresh image has none yet.
+install() {
+  echo "services: installing $1"
+  local apt_log
   apt_log=$(mktemp)
-  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer >"$apt_log" 2>&1; then
-    # A fresh image may have no package lists yet.
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y "$1" >"$apt_log" 2>&1; then
     echo "services: apt-get install failed; running apt-get update and trying again"
     if ! { apt-get update >>"$apt_log" 2>&1 &&
-      DEBIAN_FRONTEND=noninteractive apt-get install -y pgbouncer >>"$apt_log" 2>&1; }; then
+      DEBIAN_FRONTEND=noninteractive apt-get install -y "$1" >>"$apt_log" 2>&1; }; then
       tail -n 15 "$apt_log" >&2
-      echo "services: could not install the package pgbouncer (apt-get install -y pgbouncer)" >&2
+      echo "services: could not install the package $1 (apt-get install -y $1)" >&2
       exit 1
     fi
   fi
   rm -f "$apt_log"
+}
+
+# The PgBouncer fault tests run their own pgbouncer (hack/postgres-ha.sh
+# pgbouncer up); they need the binary, not the package's service. /usr/sbin
+# may be missing from a non-root PATH.
+if ! command -v pgbouncer >/dev/null && [ ! -x /usr/sbin/pgbouncer ]; then
+  install pgbouncer
+fi
+
+# The local node's own specs run a shell image built from the static
+# busybox (test/kubeenv): a static program is a whole image by itself.
+if [ ! -x /bin/busybox ]; then
+  install busybox-static
 fi
 
 if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then

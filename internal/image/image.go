@@ -92,11 +92,15 @@ func Spillway(r Release, platforms []v1.Platform, build Binary) (v1.ImageIndex, 
 	return mutate.Annotations(index, r.annotations()).(v1.ImageIndex), nil
 }
 
-// Tool is an image of one static program, its entrypoint, for the tools the
-// local cluster's pods run beside Spillway (the chart's helm test runs
-// kubectl). It runs as root unless the pod says otherwise.
-func Tool(p v1.Platform, program string, data []byte, created time.Time) (v1.Image, error) {
+// Tool is an image of one static program, its entrypoint, with symbolic
+// links to it (a busybox's applets), for the tools the local cluster's pods
+// run beside Spillway: the chart's helm test runs kubectl. It runs as root
+// unless the pod says otherwise.
+func Tool(p v1.Platform, program string, data []byte, links []string, created time.Time) (v1.Image, error) {
 	files := []File{{Path: program, Mode: 0o755, Data: data}}
+	for _, l := range links {
+		files = append(files, File{Path: l, Mode: 0o777, Link: program})
+	}
 	layer, err := Layer(append(dirs(files), files...), created)
 	if err != nil {
 		return nil, err

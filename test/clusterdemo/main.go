@@ -1,6 +1,7 @@
 // Command clusterdemo is make demo: Spillway as a user meets it, on a local
 // cluster whose pods run as processes of this machine (test/kubeenv's
-// StartCluster). It installs the chart with helm, migrates an outbox,
+// StartCluster) that pull Spillway's image (make image) from the cluster's
+// registry. It installs the chart with helm, migrates an outbox,
 // applies config/samples against the local Postgres and RabbitMQ, writes
 // events, prints kubectl get outboxdrainers every second until the backlog
 // is 0, scales the fleet up, and tears everything down.
@@ -15,7 +16,6 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
-	"path/filepath"
 	"sort"
 	"strings"
 	"syscall"
@@ -25,12 +25,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/spillway-io/spillway/test/kubeenv"
-	"github.com/spillway-io/spillway/test/localnode"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
 type options struct {
-	spillway, helm string
+	spillway, helm, imageLayout string
 	events         int
 	timeout, tick  time.Duration
 }
@@ -47,7 +46,8 @@ const (
 func parseFlags(args []string) (options, error) {
 	var o options
 	fs := flag.NewFlagSet("clusterdemo", flag.ContinueOnError)
-	fs.StringVar(&o.spillway, "spillway", "bin/spillway", "the spillway binary (make build), which the node runs for the chart's image")
+	fs.StringVar(&o.spillway, "spillway", "bin/spillway", "the spillway binary (make build), for spillway migrate on this machine")
+	fs.StringVar(&o.imageLayout, "image-layout", "", "the OCI layout of Spillway's image (make image; default bin/image), which the cluster's registry serves")
 	fs.StringVar(&o.helm, "helm", "", "the helm binary (make helm)")
 	fs.IntVar(&o.events, "events", 50_000, "events to write")
 	fs.DurationVar(&o.timeout, "timeout", 5*time.Minute, "give up on a step that takes longer")
@@ -119,14 +119,12 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 	defer func() { _, _ = d.services.DB.Exec(context.Background(), "DROP TABLE IF EXISTS "+d.outbox.Table) }()
 
 	fmt.Fprintf(out, "Spillway demo: the chart and a fleet of 2 drainers on a local cluster whose pods are processes; %d events\n", o.events)
-	image, err := chartImage()
-	if err != nil {
-		return err
+	if o.imageLayout == "" {
+		if o.imageLayout, err = kubeenv.ImageLayout(); err != nil {
+			return err
+		}
 	}
-	d.cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{
-		Images:   map[string]localnode.Image{image: {Binary: o.spillway, User: 65532, Group: 65532}},
-		Progress: out,
-	})
+	d.cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{ImageLayout: o.imageLayout, Progress: out})
 	if d.cluster != nil {
 		defer func() {
 			stopErr := d.cluster.Stop()
@@ -170,21 +168,6 @@ func run(ctx context.Context, o options, out io.Writer) (err error) {
 	return nil
 }
 
-// chartImage is the chart's default image, which the node runs as the
-// spillway binary.
-func chartImage() (string, error) {
-	out, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), chart, "Chart.yaml"))
-	if err != nil {
-		return "", err
-	}
-	for _, line := range strings.Split(string(out), "\n") {
-		if v, ok := strings.CutPrefix(line, "appVersion:"); ok {
-			return "ghcr.io/spillway-io/spillway:" + strings.Trim(strings.TrimSpace(v), `"`), nil
-		}
-	}
-	return "", errors.New("no appVersion in the chart")
-}
-
 // sh runs kubectl or helm against the cluster, showing the command as a
 // user would type it and, unless quiet, its output.
 func (d *demo) sh(ctx context.Context, show bool, stdin, name string, args ...string) (string, error) {
@@ -216,11 +199,16 @@ func (d *demo) install(ctx context.Context) error {
 			return err
 		}
 	}
-	out, err := d.sh(ctx, false, "", "helm", "install", "spillway", chart, "--namespace", "spillway-system", "--wait", "--timeout", d.o.timeout.String())
+	// The chart's default image is the public one; here it is the
+	// registry's, by digest.
+	images := d.cluster.Images
+	repo, digest, _ := strings.Cut(images.Spillway, "@")
+	values := []string{"--set", "image.repository=" + repo, "--set", "image.digest=" + digest, "--set", "test.image=" + images.Kubectl}
+	out, err := d.sh(ctx, false, "", "helm", append([]string{"install", "spillway", chart, "--namespace", "spillway-system", "--wait", "--timeout", d.o.timeout.String()}, values...)...)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(d.out, "$ helm install spillway %s --namespace spillway-system --wait\n", chart)
+	fmt.Fprintf(d.out, "$ helm install spillway %s --namespace spillway-system --wait %s\n", chart, strings.Join(values[:4], " "))
 	for _, line := range strings.Split(out, "\n") {
 		if strings.HasPrefix(line, "STATUS:") || strings.HasPrefix(line, "NAME:") {
 			fmt.Fprintln(d.out, line)
@@ -248,8 +236,29 @@ func (d *demo) applyFleet(ctx context.Context, exchange string) error {
 	if err := d.waitDrainers(ctx, 2); err != nil {
 		return err
 	}
-	_, err = d.sh(ctx, true, "", "kubectl", "get", "pods", "--namespace", namespace)
-	return err
+	return d.showImages(ctx)
+}
+
+// showImages shows the drainer pods' image and the digest the node pulled,
+// and the pull in the first pod's events.
+func (d *demo) showImages(ctx context.Context) error {
+	out, err := d.sh(ctx, true, "", "kubectl", "get", "pods", "--namespace", namespace, "--sort-by=.metadata.name", "--output",
+		"custom-columns=NAME:.metadata.name,STATUS:.status.phase,IMAGE:.spec.containers[0].image,IMAGE ID:.status.containerStatuses[0].imageID")
+	if err != nil {
+		return err
+	}
+	rows := testenv.ParseTable(out)
+	if len(rows) == 0 {
+		return errors.New("no drainer pod to describe")
+	}
+	pod := rows[0]["NAME"]
+	out, err = d.sh(ctx, false, "", "kubectl", "describe", "pod", pod, "--namespace", namespace)
+	if err != nil {
+		return err
+	}
+	_, events, _ := strings.Cut(out, "Events:")
+	fmt.Fprintf(d.out, "$ kubectl describe pod %s --namespace %s   # its events\nEvents:%s", pod, namespace, events)
+	return nil
 }
 
 // waitDrainers waits until n drainer pods are Running and Ready, and no

@@ -10,6 +10,8 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gexec"
+
+	"github.com/spillway-io/spillway/test/kubeenv"
 )
 
 var _ = Describe("make demo", func() {
@@ -17,8 +19,11 @@ var _ = Describe("make demo", func() {
 		demo, err := gexec.Build("github.com/spillway-io/spillway/test/clusterdemo")
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(gexec.CleanupBuildArtifacts)
-		// The binary the suite's own cluster runs.
-		s, err := gexec.Start(exec.Command(demo, "-spillway", spillwayBinary, "-helm", helm, "-events", "5000"), GinkgoWriter, GinkgoWriter)
+		spillway, err := gexec.Build("github.com/spillway-io/spillway")
+		Expect(err).NotTo(HaveOccurred())
+		layout, err := kubeenv.ImageLayout()
+		Expect(err).NotTo(HaveOccurred())
+		s, err := gexec.Start(exec.Command(demo, "-spillway", spillway, "-image-layout", layout, "-helm", helm, "-events", "5000"), GinkgoWriter, GinkgoWriter)
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(func() { s.Interrupt().Wait(time.Minute) })
 		Eventually(s, 5*time.Minute).Should(gexec.Exit(0))
@@ -27,6 +32,9 @@ var _ = Describe("make demo", func() {
 		Expect(out).To(MatchRegexp(`(?m)^cluster: node local Ready in `))
 		Expect(out).To(ContainSubstring("STATUS: deployed"))
 		Expect(out).To(ContainSubstring("outboxdrainer.spillway.io/orders created"))
+		Expect(out).To(MatchRegexp(`(?m)^orders-\S+\s+Running\s+(127\.0\.0\.1:\d+/spillway-io/spillway@sha256:[0-9a-f]{64})\s+127\.0\.0\.1:\d+/spillway-io/spillway@sha256:[0-9a-f]{64}$`),
+			"the drainer pods run the registry's image by digest, and the node reports the digest it pulled")
+		Expect(out).To(MatchRegexp(`Normal\s+Pull(ing|ed)\s+.*image "127\.0\.0\.1:\d+/spillway-io/spillway@sha256:`), "the pull in the pod's events")
 		Expect(out).To(MatchRegexp(`(?m)^\s+[0-9.]+s\s+orders\s+True\s+2\s+0\s`), "the backlog drained")
 		Expect(out).To(MatchRegexp(`(?m)^orders\s+True\s+3\s`), "REPLICAS 3 after the scale-up")
 		Expect(out).To(ContainSubstring("tore down the cluster"))

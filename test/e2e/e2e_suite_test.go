@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -23,7 +22,6 @@ import (
 
 	"github.com/spillway-io/spillway/controllers"
 	"github.com/spillway-io/spillway/test/kubeenv"
-	"github.com/spillway-io/spillway/test/localnode"
 	"github.com/spillway-io/spillway/test/pgha"
 	"github.com/spillway-io/spillway/test/rabbitcluster"
 	"github.com/spillway-io/spillway/test/testenv"
@@ -44,11 +42,10 @@ var (
 	k8s client.Client
 	// helm is the binary make builds into bin/ at a pinned version.
 	helm string
-	// spillwayImage is the chart's default image, which the node runs as
-	// the spillway binary built for the suite.
+	// spillwayImage is make image's image in the cluster's registry, by
+	// digest: the chart's default image is the public reference, which
+	// helmImage overrides.
 	spillwayImage string
-	// spillwayBinary is the binary built for the suite.
-	spillwayBinary string
 	// failed keeps the cluster's directory, with every log, after the run.
 	failed bool
 )
@@ -57,39 +54,14 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	helm = os.Getenv("HELM")
 	Expect(helm).NotTo(BeEmpty(), "HELM is not set: make test builds helm into bin/ and sets it")
 
-	bin := buildSpillway()
-	spillwayBinary = bin
-	var chartMeta struct {
-		AppVersion string `json:"appVersion"`
-	}
-	readYAML(chart+"/Chart.yaml", &chartMeta)
-	var values struct {
-		Image struct {
-			Repository string `json:"repository"`
-		} `json:"image"`
-		Test struct {
-			Image string `json:"image"`
-		} `json:"test"`
-	}
-	readYAML(chart+"/values.yaml", &values)
-	spillwayImage = values.Image.Repository + ":" + chartMeta.AppVersion
-
-	assets, err := kubeenv.ClusterAssets()
+	layout, err := kubeenv.ImageLayout()
 	Expect(err).NotTo(HaveOccurred())
 	cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{
 		// The broker cluster's nodes, the database primary and replica and
 		// PgBouncer, for the fleets that use them.
-		Forward: append(rabbitcluster.Addrs(), pgha.Addrs()...),
-		Images: map[string]localnode.Image{
-			// The Dockerfile's image: the static binary, as distroless's
-			// nonroot user.
-			spillwayImage: {Binary: bin, User: 65532, Group: 65532},
-			// The helm test hook's image, whose entrypoint is kubectl.
-			values.Test.Image: {Binary: filepath.Join(assets, "kubectl")},
-			// A shell, for the node's own specs.
-			shellImage: {Binary: "/bin/sh"},
-		},
-		Progress: GinkgoWriter,
+		Forward:     append(rabbitcluster.Addrs(), pgha.Addrs()...),
+		ImageLayout: layout,
+		Progress:    GinkgoWriter,
 	})
 	if cluster != nil {
 		DeferCleanup(func() {
@@ -102,6 +74,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		})
 	}
 	Expect(err).NotTo(HaveOccurred())
+	spillwayImage = cluster.Images.Spillway
 
 	scheme, err := controllers.NewScheme()
 	Expect(err).NotTo(HaveOccurred())
@@ -122,21 +95,13 @@ var _ = JustAfterEach(func() {
 	}
 })
 
-// buildSpillway builds the binary the pods run, into a directory that the
-// pods' user may read.
-func buildSpillway() string {
-	dir, err := os.MkdirTemp("", "spillway-fleet-bin")
-	Expect(err).NotTo(HaveOccurred())
-	DeferCleanup(os.RemoveAll, dir)
-	Expect(os.Chmod(dir, 0o755)).To(Succeed())
-	bin := filepath.Join(dir, "spillway")
-	// Built as the other suites build it (gexec), so it shares their
-	// build cache.
-	cmd := exec.Command("go", "build", "-o", bin, ".")
-	cmd.Dir = testenv.RepoRoot()
-	out, err := cmd.CombinedOutput()
-	Expect(err).NotTo(HaveOccurred(), string(out))
-	return bin
+// helmImages are the values that point the chart at the cluster's
+// registry, by digest: the operator's image, and so its fleets', and the
+// helm test's kubectl.
+func helmImages() []string {
+	repo, digest, _ := strings.Cut(spillwayImage, "@")
+	return []string{"--set", "image.repository=" + repo, "--set", "image.digest=" + digest,
+		"--set", "test.image=" + cluster.Images.Kubectl}
 }
 
 func readYAML(path string, into any) {

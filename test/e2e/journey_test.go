@@ -143,7 +143,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, func() {
 
 	It("installs the chart with helm: the operator pod runs as the chart's ServiceAccount, turns Ready and takes its leader lease", func(ctx SpecContext) {
 		namespace(ctx, operatorNamespace)
-		mustRun("helm", "install", release, chart, "--namespace", operatorNamespace, "--wait", "--timeout", "3m")
+		mustRun("helm", append([]string{"install", release, chart, "--namespace", operatorNamespace, "--wait", "--timeout", "3m"}, helmImages()...)...)
 
 		var operator corev1.Pod
 		Eventually(func(g Gomega) {

@@ -16,17 +16,15 @@ import (
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
-// shellImage is mapped to /bin/sh for the node's own specs.
-const shellImage = "local.test/sh:1"
-
-// shellPod is a pod of one shell container running script.
+// shellPod is a pod of one shell container running script, from the
+// cluster's busybox image.
 func shellPod(namespace, name, script string) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: namespace},
 		Spec: corev1.PodSpec{
 			RestartPolicy: corev1.RestartPolicyNever,
 			Containers: []corev1.Container{{
-				Name: "sh", Image: shellImage, Command: []string{"sh", "-c", script},
+				Name: "sh", Image: cluster.Images.Shell, Command: []string{"sh", "-c", script},
 			}},
 		},
 	}
@@ -132,18 +130,77 @@ exit 7`)
 		Expect(os.IsNotExist(err)).To(BeTrue(), "the mount points are made in the container's own mount namespace, not on the host")
 	})
 
-	It("leaves a container whose image it cannot map waiting with ErrImagePull", func(ctx SpecContext) {
-		pod := shellPod(ns, "unknown-image", "true")
-		pod.Spec.Containers[0].Image = "registry.example.com/nothing:1"
+	It("shows a pod whose image the registry lacks as ErrImagePull, then ImagePullBackOff, with the kubelet's events", func(ctx SpecContext) {
+		missing := cluster.Images.Registry + "/spillway-io/missing:1"
+		pod := shellPod(ns, "missing-image", "true")
+		pod.Spec.Containers[0].Image = missing
 		Expect(k8s.Create(ctx, pod)).To(Succeed())
+		var reasons []string
 		Eventually(func(g Gomega) {
 			s := containerState(ctx, pod)(g)
 			g.Expect(s.State.Waiting).NotTo(BeNil())
-			g.Expect(s.State.Waiting.Reason).To(Equal("ErrImagePull"))
-		}, 30*time.Second).Should(Succeed())
+			if len(reasons) == 0 || reasons[len(reasons)-1] != s.State.Waiting.Reason {
+				reasons = append(reasons, s.State.Waiting.Reason)
+			}
+			g.Expect(s.State.Waiting.Reason).To(Equal("ImagePullBackOff"))
+			g.Expect(s.State.Waiting.Message).To(Equal(`Back-off pulling image "` + missing + `"`))
+		}, time.Minute, 100*time.Millisecond).Should(Succeed())
+		Expect(reasons).To(ContainElement("ErrImagePull"), "ErrImagePull first")
 		got, err := getPod(ctx, pod)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(got.Status.Phase).To(Equal(corev1.PodPending))
+		Eventually(func(g Gomega) {
+			out, err := run("kubectl", "describe", "pod", "missing-image", "--namespace", ns)
+			g.Expect(err).NotTo(HaveOccurred())
+			// kubectl shows the container's field path before the message.
+			g.Expect(out).To(MatchRegexp(`Normal\s+Pulling\s+.*kubelet\s+spec.containers\{sh\}: Pulling image "` + missing + `"`))
+			g.Expect(out).To(MatchRegexp(`Warning\s+Failed\s+.*Failed to pull image "` + missing + `": .*NAME_UNKNOWN`))
+			g.Expect(out).To(MatchRegexp(`Warning\s+Failed\s+.*Error: ErrImagePull`))
+			g.Expect(out).To(MatchRegexp(`Normal\s+BackOff\s+.*Back-off pulling image "` + missing + `"`))
+		}, 30*time.Second).Should(Succeed())
+	})
+
+	It("runs an image's entrypoint as its user in its own root, read-only when the pod asks, with the CA bundle in place", func(ctx SpecContext) {
+		pod := &corev1.Pod{
+			ObjectMeta: metav1.ObjectMeta{Name: "image-root", Namespace: ns},
+			Spec: corev1.PodSpec{
+				RestartPolicy: corev1.RestartPolicyNever,
+				Containers: []corev1.Container{{
+					// spillway version: the image's entrypoint, and its cmd from args.
+					Name: "spillway", Image: spillwayImage, Args: []string{"version"},
+				}, {
+					// The shell, in a root of its own, writable unless told.
+					Name: "sh", Image: cluster.Images.Shell, Command: []string{"sh", "-c", `
+echo "user $(id -u):$(id -g)"
+touch /written && echo "root writable"
+ls /usr/local/bin/spillway 2>/dev/null || echo "no spillway here"
+test -f /etc/hosts && grep -q localhost /etc/hosts && echo "hosts present"`},
+				}, {
+					Name: "ro", Image: cluster.Images.Shell, Command: []string{"sh", "-c", `touch /written 2>/dev/null || echo "root read-only"; echo tmp > /tmp/f && echo "emptyDir /tmp writable"`},
+					SecurityContext: &corev1.SecurityContext{ReadOnlyRootFilesystem: ptr.To(true), RunAsUser: ptr.To(int64(65532)), RunAsNonRoot: ptr.To(true)},
+					VolumeMounts:    []corev1.VolumeMount{{Name: "tmp", MountPath: "/tmp"}},
+				}},
+				Volumes: []corev1.Volume{{Name: "tmp", VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}},
+			},
+		}
+		Expect(k8s.Create(ctx, pod)).To(Succeed())
+		Eventually(func(g Gomega) {
+			got, err := getPod(ctx, pod)
+			g.Expect(err).NotTo(HaveOccurred())
+			g.Expect(got.Status.Phase).To(Equal(corev1.PodSucceeded))
+		}, time.Minute).Should(Succeed())
+		got, err := getPod(ctx, pod)
+		Expect(err).NotTo(HaveOccurred())
+		Expect(got.Status.ContainerStatuses[0].ImageID).To(Equal(spillwayImage), "the digest the node pulled")
+		Expect(logOf(ns, "image-root", "spillway")).To(MatchRegexp(`spillway \S+`))
+		sh := logOf(ns, "image-root", "sh")
+		Expect(sh).To(ContainSubstring("user 0:0"), "busybox's image has no USER")
+		Expect(sh).To(ContainSubstring("root writable"))
+		Expect(sh).To(ContainSubstring("no spillway here"), "each image's own root")
+		Expect(sh).To(ContainSubstring("hosts present"))
+		ro := logOf(ns, "image-root", "ro")
+		Expect(ro).To(ContainSubstring("root read-only"))
+		Expect(ro).To(ContainSubstring("emptyDir /tmp writable"))
 	})
 
 	It("stops a deleted pod with SIGTERM, and with SIGKILL once its grace period is over", func(ctx SpecContext) {

@@ -29,7 +29,7 @@ func ensureOperator(ctx context.Context) {
 		return
 	}
 	namespace(ctx, operatorNamespace)
-	mustRun("helm", "install", release, chart, "--namespace", operatorNamespace, "--wait", "--timeout", "3m")
+	mustRun("helm", append([]string{"install", release, chart, "--namespace", operatorNamespace, "--wait", "--timeout", "3m"}, helmImages()...)...)
 	DeferCleanup(func(ctx SpecContext) {
 		mustRun("helm", "uninstall", release, "--namespace", operatorNamespace, "--wait", "--timeout", "3m")
 		deleteNamespace(ctx, operatorNamespace)

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 
@@ -31,7 +30,8 @@ const NodeName = "local"
 // Cluster is a local Kubernetes cluster that runs pods: envtest's etcd and
 // kube-apiserver, a kube-controller-manager and a kube-scheduler built like
 // them (hack/control-plane.sh), and a node that runs each pod's containers
-// as processes of this machine (test/localnode). There is no kube-proxy:
+// as processes of this machine (test/localnode), from images it pulls from
+// the cluster's own registry, served in-process. There is no kube-proxy:
 // a pod reaches the API server, the local Postgres and the local RabbitMQ on
 // its loopback, through its network namespace's forwarder.
 type Cluster struct {
@@ -44,16 +44,20 @@ type Cluster struct {
 	Node       *localnode.Node
 	// Kubectl is the kubectl built with the cluster, of the same release.
 	Kubectl string
+	// Images are the images the cluster's registry serves.
+	Images Images
 
 	env        *envtest.Environment
-	components []*exec.Cmd
-	logs       []*os.File
+	components   []*exec.Cmd
+	logs         []*os.File
+	stopRegistry func()
 }
 
 // ClusterOptions configure StartCluster.
 type ClusterOptions struct {
-	// Images the node runs, by reference.
-	Images map[string]localnode.Image
+	// ImageLayout is the OCI layout of Spillway's image (ImageLayout()),
+	// which the cluster's registry serves.
+	ImageLayout string
 	// Progress receives a line per step; nil is quiet.
 	Progress io.Writer
 	// Forward are more loopback addresses of the host that the pods reach,
@@ -177,16 +181,20 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 		return c, err
 	}
 	forward = append(forward, opts.Forward...)
-	images, err := installImages(filepath.Join(dir, "images"), opts.Images)
+	registry, stopRegistry, err := startRegistry()
 	if err != nil {
+		return c, fmt.Errorf("start the registry: %w", err)
+	}
+	c.stopRegistry = stopRegistry
+	if c.Images, err = pushImages(ctx, registry, opts.ImageLayout, assets); err != nil {
 		return c, err
 	}
+	progress("registry at %s serves %s in %s", registry, c.Images.Spillway, since(start))
 	c.Node, err = localnode.Start(ctx, localnode.Config{
 		Name:      NodeName,
 		Client:    c.Client,
 		APIServer: apiURL.Host,
 		Forward:   forward,
-		Images:    images,
 		Dir:       filepath.Join(dir, "node"),
 		Log:       nodeLog,
 	})
@@ -227,44 +235,6 @@ func serviceAddrs() ([]string, error) {
 		addrs = append(addrs, net.JoinHostPort(host, port))
 	}
 	return addrs, nil
-}
-
-// installImages copies each image's binary into dir, which every user may
-// read: the pods run as other users than the one who built the binaries,
-// possibly in a directory only that one may enter.
-func installImages(dir string, images map[string]localnode.Image) (map[string]localnode.Image, error) {
-	installed := map[string]localnode.Image{}
-	i := 0
-	for ref, img := range images {
-		i++
-		target := filepath.Join(dir, strconv.Itoa(i), filepath.Base(img.Binary))
-		if err := copyFile(img.Binary, target); err != nil {
-			return nil, fmt.Errorf("install the binary of image %s: %w", ref, err)
-		}
-		img.Binary = target
-		installed[ref] = img
-	}
-	return installed, nil
-}
-
-func copyFile(from, to string) error {
-	if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
-		return err
-	}
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return err
-	}
-	return out.Close()
 }
 
 // startComponent runs a control-plane binary with its output in a log file
@@ -339,6 +309,9 @@ func (c *Cluster) Stop() error {
 	}
 	if c.Node != nil {
 		errs = append(errs, c.Node.Stop(15*time.Second))
+	}
+	if c.stopRegistry != nil {
+		c.stopRegistry()
 	}
 	if c.env != nil && c.Config != nil {
 		errs = append(errs, c.env.Stop())

@@ -1,60 +1,31 @@
 package localnode
 
 import (
-	"fmt"
-	"os"
-	"sort"
 	"strconv"
 	"strings"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
 )
 
-// Image is what an image reference runs on this node: a local program,
-// which plays the image's entrypoint, and the image's default user.
-type Image struct {
-	Binary string
-	// User and Group are the image's USER; a pod's runAsUser and
-	// runAsGroup override them.
-	User, Group int64
-}
-
-// resolveImage finds a container's program. An image the node does not
-// know cannot be pulled: there is no registry here.
-func resolveImage(images map[string]Image, ref string) (Image, error) {
-	img, ok := images[ref]
-	if !ok {
-		return Image{}, fmt.Errorf("image %q is not mapped to a local binary on this node (it knows %s)", ref, strings.Join(imageNames(images), ", "))
+// argv is what a container runs, as a kubelet's runtime makes it: the
+// container's command replaces the image's entrypoint, and its args the
+// image's cmd (the image's cmd is dropped when the command is set).
+// $(VAR) references in the container's own words are expanded as the
+// kubelet does.
+func argv(img v1.Config, c corev1.Container, env map[string]string) []string {
+	var words []string
+	for _, w := range append(append([]string{}, c.Command...), c.Args...) {
+		words = append(words, expand(w, env))
 	}
-	if _, err := os.Stat(img.Binary); err != nil {
-		return Image{}, fmt.Errorf("image %q: %w", ref, err)
+	switch {
+	case len(c.Command) > 0:
+		return words
+	case len(c.Args) > 0:
+		return append(append([]string{}, img.Entrypoint...), words...)
+	default:
+		return append(append([]string{}, img.Entrypoint...), img.Cmd...)
 	}
-	return img, nil
-}
-
-func imageNames(images map[string]Image) []string {
-	var names []string
-	for name := range images {
-		names = append(names, name)
-	}
-	sort.Strings(names)
-	return names
-}
-
-// argv is the program's arguments: the image's entrypoint replaced by its
-// binary when the container sets no command; otherwise the command's first
-// word names the image's one program, which the binary stands for.
-// $(VAR) references are expanded as the kubelet does.
-func argv(img Image, c corev1.Container, env map[string]string) []string {
-	args := []string{img.Binary}
-	if len(c.Command) > 0 {
-		args = append(args, c.Command[1:]...)
-	}
-	args = append(args, c.Args...)
-	for i := 1; i < len(args); i++ {
-		args[i] = expand(args[i], env)
-	}
-	return args
 }
 
 // expand replaces $(NAME) with the variable's value and $$ with $; a
@@ -91,17 +62,13 @@ func expand(s string, env map[string]string) string {
 }
 
 // containerEnv is the environment of a container's process, from the
-// container's env as the pod controller resolved it (downward API,
+// image's and the container's env as the pod controller resolved it (downward API,
 // secretKeyRef, configMapKeyRef, envFrom, service links). With no
 // kube-proxy, the kubernetes Service's cluster IP leads nowhere, so the API
 // server's variables name its loopback address, as a kubelet's name the
 // Service, and the pod reaches it through its namespace's forwarder.
-func containerEnv(c corev1.Container, pod *corev1.Pod, apiHost string, apiPort int) ([]string, map[string]string) {
-	vars := map[string]string{
-		"PATH":     "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-		"HOSTNAME": pod.Name,
-		"HOME":     "/",
-	}
+func containerEnv(img v1.Config, c corev1.Container, pod *corev1.Pod, apiHost string, apiPort int) ([]string, map[string]string) {
+	vars := map[string]string{}
 	var order []string
 	set := func(name, value string) {
 		if _, ok := vars[name]; !ok {
@@ -109,7 +76,14 @@ func containerEnv(c corev1.Container, pod *corev1.Pod, apiHost string, apiPort i
 		}
 		vars[name] = value
 	}
-	order = append(order, "PATH", "HOSTNAME", "HOME")
+	set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+	set("HOSTNAME", pod.Name)
+	set("HOME", "/")
+	// The image's environment, then the container's, which wins.
+	for _, kv := range img.Env {
+		name, value, _ := strings.Cut(kv, "=")
+		set(name, value)
+	}
 	for _, e := range c.Env {
 		set(e.Name, e.Value)
 	}

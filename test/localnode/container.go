@@ -83,7 +83,11 @@ func (p *podRuntime) backOff(c *container) bool {
 // runOnce starts the container, runs its probes, and waits for it to exit;
 // it returns the exit code.
 func (p *podRuntime) runOnce(c *container, probes bool) int32 {
-	spec, err := p.containerSpec(c)
+	img := p.pullImage(c)
+	if img == nil {
+		return startFailed
+	}
+	spec, err := p.containerSpec(c, img)
 	for err != nil {
 		// The kubelet waits, as here, until the configuration can be made:
 		// no restart is counted.
@@ -95,7 +99,7 @@ func (p *podRuntime) runOnce(c *container, probes bool) int32 {
 			return startFailed
 		case <-time.After(retryInterval):
 		}
-		spec, err = p.containerSpec(c)
+		spec, err = p.containerSpec(c, img)
 	}
 	logPath := filepath.Join(p.logDir, c.spec.Name, strconv.Itoa(int(c.status.RestartCount))+".log")
 	log, err := openLog(logPath)
@@ -108,9 +112,11 @@ func (p *podRuntime) runOnce(c *container, probes bool) int32 {
 	if p.ctx.Err() != nil {
 		return startFailed
 	}
+	p.event(c, corev1.EventTypeNormal, "Created", "Created container: "+c.spec.Name)
 	proc, err := startProcess(spec, p.netns, log)
 	now := metav1.Now()
 	if err != nil {
+		p.event(c, corev1.EventTypeWarning, "Failed", "Error: "+err.Error())
 		p.update(func() {
 			c.status.State = corev1.ContainerState{Terminated: &corev1.ContainerStateTerminated{
 				ExitCode: startFailed, Reason: reasonStartError, Message: err.Error(), StartedAt: now, FinishedAt: now,
@@ -122,10 +128,11 @@ func (p *podRuntime) runOnce(c *container, probes bool) int32 {
 		c.proc = proc
 		c.status.State = corev1.ContainerState{Running: &corev1.ContainerStateRunning{StartedAt: now}}
 		c.status.ContainerID = fmt.Sprintf("local://%d", proc.cmd.Process.Pid)
-		c.status.ImageID = "local://" + spec.Path
+		c.status.ImageID = img.ID
 		c.status.Started = ptr.To(!probes || c.spec.StartupProbe == nil)
 		c.status.Ready = !probes || c.spec.ReadinessProbe == nil
 	})
+	p.event(c, corev1.EventTypeNormal, "Started", "Started container "+c.spec.Name)
 	// A pod that began terminating while this container started.
 	if p.ctx.Err() != nil {
 		proc.signal(syscall.SIGTERM)
@@ -202,10 +209,10 @@ func (p *podRuntime) containerGrace(pr *corev1.Probe) time.Duration {
 	return time.Duration(ptr.Deref(p.spec.TerminationGracePeriodSeconds, 30)) * time.Second
 }
 
-// containerSpec is how the container init runs a container: its program,
-// environment, user and mounts.
-func (p *podRuntime) containerSpec(c *container) (containerSpec, error) {
-	img, err := resolveImage(p.node.cfg.Images, c.spec.Image)
+// containerSpec is how the container init runs a container: its image's
+// root, its program, environment, user and mounts.
+func (p *podRuntime) containerSpec(c *container, img *image) (containerSpec, error) {
+	imageUID, imageGID, err := imageUser(img)
 	if err != nil {
 		return containerSpec{}, err
 	}
@@ -214,8 +221,8 @@ func (p *podRuntime) containerSpec(c *container) (containerSpec, error) {
 	p.mu.Unlock()
 	psc := ptr.Deref(pod.Spec.SecurityContext, corev1.PodSecurityContext{})
 	csc := ptr.Deref(c.spec.SecurityContext, corev1.SecurityContext{})
-	uid := ptr.Deref(csc.RunAsUser, ptr.Deref(psc.RunAsUser, img.User))
-	gid := ptr.Deref(csc.RunAsGroup, ptr.Deref(psc.RunAsGroup, img.Group))
+	uid := ptr.Deref(csc.RunAsUser, ptr.Deref(psc.RunAsUser, imageUID))
+	gid := ptr.Deref(csc.RunAsGroup, ptr.Deref(psc.RunAsGroup, imageGID))
 	if ptr.Deref(csc.RunAsNonRoot, ptr.Deref(psc.RunAsNonRoot, false)) && uid == 0 {
 		return containerSpec{}, errors.New("container has runAsNonRoot and image will run as root")
 	}
@@ -226,7 +233,11 @@ func (p *podRuntime) containerSpec(c *container) (containerSpec, error) {
 	for _, g := range psc.SupplementalGroups {
 		groups = append(groups, int(g))
 	}
-	env, vars := containerEnv(c.spec, pod, p.node.apiHost, p.node.apiPort)
+	env, vars := containerEnv(img.Config, c.spec, pod, p.node.apiHost, p.node.apiPort)
+	args := argv(img.Config, c.spec, vars)
+	if len(args) == 0 {
+		return containerSpec{}, errors.New("no command specified: the image has no entrypoint and the container no command")
+	}
 	readOnly := map[string]bool{}
 	for _, v := range pod.Spec.Volumes {
 		s := v.VolumeSource
@@ -249,25 +260,46 @@ func (p *podRuntime) containerSpec(c *container) (containerSpec, error) {
 	}
 	dir := c.spec.WorkingDir
 	if dir == "" {
+		dir = img.Config.WorkingDir
+	}
+	if dir == "" {
 		dir = "/"
 	}
 	hostname := pod.Name
 	if pod.Spec.Hostname != "" {
 		hostname = pod.Spec.Hostname
 	}
+	hosts, err := p.hostsFile(hostname)
+	if err != nil {
+		return containerSpec{}, err
+	}
 	return containerSpec{
-		Path:      img.Binary,
-		Args:      argv(img, c.spec, vars),
-		Env:       env,
-		Dir:       dir,
-		Hostname:  hostname,
-		UID:       int(uid),
-		GID:       int(gid),
-		Groups:    groups,
-		Mounts:    mounts,
-		Scratch:   scratch,
-		ParentPID: os.Getpid(),
+		Root:         img.Root,
+		ReadOnlyRoot: ptr.Deref(csc.ReadOnlyRootFilesystem, false),
+		Hosts:        hosts,
+		Path:         args[0],
+		Args:         args,
+		Env:          env,
+		Dir:          dir,
+		Hostname:     hostname,
+		UID:          int(uid),
+		GID:          int(gid),
+		Groups:       groups,
+		Mounts:       mounts,
+		Scratch:      scratch,
+		ParentPID:    os.Getpid(),
 	}, nil
+}
+
+// hostsFile is the pod's /etc/hosts, as a kubelet writes it: the loopback
+// names and the pod's hostname.
+func (p *podRuntime) hostsFile(hostname string) (string, error) {
+	path := filepath.Join(p.dir, "etc-hosts")
+	content := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.0.1\t" + hostname + "\n"
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		return "", err
+	}
+	return path, nil
 }
 
 func openLog(path string) (*os.File, error) {

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"sort"
+	"strings"
 	"syscall"
 
 	"golang.org/x/sys/unix"
@@ -15,10 +16,11 @@ import (
 
 // A container starts as a copy of the node's own executable (the test
 // binary, or the demo), re-executed with containerSpecEnv set: this init
-// function then prepares the container's namespaces and executes the
-// container's program in its place, before any test or main function runs.
-// The node clones it into a new mount and UTS namespace, and hands it the
-// pod's network namespace and a pipe on which to report a failure to start.
+// function then prepares the container's namespaces and root, and executes
+// the container's program in its place, before any test or main function
+// runs. The node clones it into a new mount and UTS namespace, and hands it
+// the pod's network namespace and a pipe on which to report a failure to
+// start.
 const containerSpecEnv = "SPILLWAY_LOCALNODE_CONTAINER"
 
 const (
@@ -29,17 +31,23 @@ const (
 
 // containerSpec is what the container init needs to become the container.
 type containerSpec struct {
-	Path      string      `json:"path"`
-	Args      []string    `json:"args"`
-	Env       []string    `json:"env"`
-	Dir       string      `json:"dir"`
-	Hostname  string      `json:"hostname"`
-	UID       int         `json:"uid"`
-	GID       int         `json:"gid"`
-	Groups    []int       `json:"groups,omitempty"`
-	Mounts    []mountSpec `json:"mounts,omitempty"`
-	Scratch   string      `json:"scratch"` // a directory of the node's for the mount set-up
-	ParentPID int         `json:"parentPID"`
+	// Root is the image's unpacked file system, shared by every container
+	// of the image: the container sees it through an overlay whose writable
+	// layer is its own.
+	Root         string      `json:"root"`
+	ReadOnlyRoot bool        `json:"readOnlyRoot,omitempty"`
+	Hosts        string      `json:"hosts"` // the pod's /etc/hosts
+	Path         string      `json:"path"`  // the program, in the image, or a name to find in PATH
+	Args         []string    `json:"args"`
+	Env          []string    `json:"env"`
+	Dir          string      `json:"dir"`
+	Hostname     string      `json:"hostname"`
+	UID          int         `json:"uid"`
+	GID          int         `json:"gid"`
+	Groups       []int       `json:"groups,omitempty"`
+	Mounts       []mountSpec `json:"mounts,omitempty"`
+	Scratch      string      `json:"scratch"` // a directory of the node's for the root's layers
+	ParentPID    int         `json:"parentPID"`
 }
 
 // mountSpec bind-mounts Source at Target.
@@ -80,29 +88,37 @@ func becomeContainer(raw string) error {
 	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
 		return fmt.Errorf("make the mounts private: %w", err)
 	}
-	// The program, the volumes' sources and the scratch space are on the
-	// host, maybe under a path that a mount hides (an emptyDir at /tmp
-	// hides the host's /tmp): they are opened first and reached through
-	// their file descriptors.
-	scratch, err := openPath(spec.Scratch)
-	if err != nil {
-		return err
-	}
-	program := spec.Path
-	if spec.Path, err = openPath(spec.Path); err != nil {
-		return err
-	}
+	// The volumes' sources and the pod's files are on the host, out of the
+	// container's root once it is entered: they are opened first and
+	// reached through their file descriptors.
+	var err error
 	for i := range spec.Mounts {
 		if spec.Mounts[i].Source, err = openPath(spec.Mounts[i].Source); err != nil {
 			return err
 		}
 	}
+	etc := []mountSpec{{Source: spec.Hosts, Target: "/etc/hosts", ReadOnly: true}}
+	if _, err := os.Stat("/etc/resolv.conf"); err == nil {
+		etc = append(etc, mountSpec{Source: "/etc/resolv.conf", Target: "/etc/resolv.conf", ReadOnly: true})
+	}
+	for i := range etc {
+		if etc[i].Source, err = openPath(etc[i].Source); err != nil {
+			return err
+		}
+	}
+	if err := enterRoot(spec.Root, spec.Scratch); err != nil {
+		return err
+	}
 	// Parents before children: /var before /var/run.
 	sort.SliceStable(spec.Mounts, func(i, j int) bool { return spec.Mounts[i].Target < spec.Mounts[j].Target })
-	m := &mounter{scratch: scratch}
-	for _, mnt := range spec.Mounts {
-		if err := m.bind(mnt); err != nil {
+	for _, mnt := range append(etc, spec.Mounts...) {
+		if err := bind(mnt); err != nil {
 			return err
+		}
+	}
+	if spec.ReadOnlyRoot {
+		if err := unix.Mount("", "/", "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+			return fmt.Errorf("make the root file system read-only: %w", err)
 		}
 	}
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
@@ -110,6 +126,10 @@ func becomeContainer(raw string) error {
 	}
 	if err := os.Chdir(spec.Dir); err != nil {
 		return fmt.Errorf("working directory: %w", err)
+	}
+	program, err := lookPath(spec.Path, spec.Env)
+	if err != nil {
+		return err
 	}
 	if err := syscall.Setgroups(spec.Groups); err != nil {
 		return fmt.Errorf("supplementary groups %v: %w", spec.Groups, err)
@@ -129,12 +149,92 @@ func becomeContainer(raw string) error {
 		return errors.New("the node exited")
 	}
 	syscall.Umask(0o022)
-	err = syscall.Exec(spec.Path, spec.Args, spec.Env)
+	err = syscall.Exec(program, spec.Args, spec.Env)
 	return fmt.Errorf("exec %s: %w", program, err)
 }
 
+// enterRoot makes the container's root and enters it (chroot): the image's
+// files under an overlay whose writable layer is a tmpfs of this
+// container's, so that the image's unpacked files, which every container
+// of the image shares, are never written; then /proc, a /dev of the usual
+// devices, and /sys read-only, as a runtime gives them.
+func enterRoot(image, scratch string) error {
+	if err := unix.Mount("tmpfs", scratch, "tmpfs", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("tmpfs for the container's layer: %w", err)
+	}
+	upper, work, root := filepath.Join(scratch, "upper"), filepath.Join(scratch, "work"), filepath.Join(scratch, "root")
+	for _, d := range []string{upper, work, root} {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			return err
+		}
+	}
+	layers := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", image, upper, work)
+	if err := unix.Mount("overlay", root, "overlay", 0, layers); err != nil {
+		return fmt.Errorf("overlay the image %s: %w", image, err)
+	}
+	mounts := []struct {
+		target, fstype, source, data string
+		flags                        uintptr
+	}{
+		{"proc", "proc", "proc", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+		{"dev", "tmpfs", "tmpfs", "mode=0755", unix.MS_NOSUID},
+		{"dev/shm", "tmpfs", "shm", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV},
+		{"sys", "", "/sys", "", unix.MS_BIND | unix.MS_REC},
+	}
+	for _, m := range mounts {
+		target := filepath.Join(root, m.target)
+		if err := os.MkdirAll(target, 0o755); err != nil {
+			return err
+		}
+		if err := unix.Mount(m.source, target, m.fstype, m.flags, m.data); err != nil {
+			return fmt.Errorf("mount /%s: %w", m.target, err)
+		}
+	}
+	if err := unix.Mount("", filepath.Join(root, "sys"), "", unix.MS_REMOUNT|unix.MS_BIND|unix.MS_RDONLY, ""); err != nil {
+		return fmt.Errorf("make /sys read-only: %w", err)
+	}
+	for _, dev := range []string{"null", "zero", "full", "random", "urandom", "tty"} {
+		if err := bind(mountSpec{Source: "/dev/" + dev, Target: filepath.Join(root, "dev", dev)}); err != nil {
+			return err
+		}
+	}
+	for link, to := range map[string]string{"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2"} {
+		if err := os.Symlink(to, filepath.Join(root, "dev", link)); err != nil {
+			return err
+		}
+	}
+	if err := os.Chdir(root); err != nil {
+		return err
+	}
+	if err := unix.Chroot("."); err != nil {
+		return fmt.Errorf("enter the container's root: %w", err)
+	}
+	return os.Chdir("/")
+}
+
+// lookPath finds a program by name in the container's PATH, as a runtime
+// does for a command without a slash.
+func lookPath(program string, env []string) (string, error) {
+	if strings.Contains(program, "/") {
+		return program, nil
+	}
+	path := ""
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, "PATH="); ok {
+			path = v
+		}
+	}
+	for _, dir := range filepath.SplitList(path) {
+		candidate := filepath.Join(dir, program)
+		if info, err := os.Stat(candidate); err == nil && !info.IsDir() && info.Mode()&0o111 != 0 {
+			return candidate, nil
+		}
+	}
+	return "", fmt.Errorf("exec: %q: executable file not found in $PATH", program)
+}
+
 // openPath opens path for reference only, and returns the path of the
-// descriptor, which leads to it whatever is mounted over it later.
+// descriptor, which leads to it from inside the container's root too.
 func openPath(path string) (string, error) {
 	fd, err := unix.Open(path, unix.O_PATH|unix.O_CLOEXEC, 0)
 	if err != nil {
@@ -143,24 +243,14 @@ func openPath(path string) (string, error) {
 	return fmt.Sprintf("/proc/self/fd/%d", fd), nil
 }
 
-// mounter bind-mounts volumes at their paths. A mount point that does not
-// exist is made on a tmpfs laid over its nearest existing directory, which
-// keeps that directory's entries visible by bind-mounting each of them
-// back: nothing is ever created on the host's file systems.
-type mounter struct {
-	scratch string
-	// shadows are the devices of the tmpfs this container laid, where
-	// mount points may be created freely.
-	shadows []uint64
-	n       int
-}
-
-func (m *mounter) bind(mnt mountSpec) error {
+// bind bind-mounts a volume at its path, making the mount point if the
+// image lacks it: in the container's own writable layer, as a runtime does.
+func bind(mnt mountSpec) error {
 	info, err := os.Stat(mnt.Source)
 	if err != nil {
 		return fmt.Errorf("volume source of %s: %w", mnt.Target, err)
 	}
-	if err := m.mountPoint(mnt.Target, info.IsDir()); err != nil {
+	if err := mountPoint(mnt.Target, info.IsDir()); err != nil {
 		return fmt.Errorf("mount point %s: %w", mnt.Target, err)
 	}
 	if err := unix.Mount(mnt.Source, mnt.Target, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
@@ -175,161 +265,19 @@ func (m *mounter) bind(mnt mountSpec) error {
 }
 
 // mountPoint makes sure target exists, as a directory or a file.
-func (m *mounter) mountPoint(target string, dir bool) error {
-	target = filepath.Clean(target)
+func mountPoint(target string, dir bool) error {
 	if _, err := os.Stat(target); err == nil {
 		return nil
 	}
-	existing, missing := splitExisting(target)
-	if !m.onShadow(existing) {
-		if err := m.shadow(existing); err != nil {
-			return err
-		}
-	}
-	path := filepath.Join(append([]string{existing}, missing...)...)
 	if dir {
-		return os.MkdirAll(path, 0o755)
+		return os.MkdirAll(target, 0o755)
 	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o644)
+	f, err := os.OpenFile(target, os.O_CREATE|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err
 	}
 	return f.Close()
-}
-
-// splitExisting resolves the longest existing prefix of path, symbolic
-// links included, and returns it with the components that do not exist.
-func splitExisting(path string) (string, []string) {
-	var missing []string
-	for {
-		if resolved, err := filepath.EvalSymlinks(path); err == nil {
-			return resolved, missing
-		}
-		missing = append([]string{filepath.Base(path)}, missing...)
-		path = filepath.Dir(path)
-	}
-}
-
-func (m *mounter) onShadow(dir string) bool {
-	var st unix.Stat_t
-	if unix.Stat(dir, &st) != nil {
-		return false
-	}
-	for _, dev := range m.shadows {
-		if st.Dev == dev {
-			return true
-		}
-	}
-	return false
-}
-
-// shadow lays a tmpfs over dir that shows dir's entries as before.
-func (m *mounter) shadow(dir string) error {
-	if dir == "/" {
-		return m.shadowRoot()
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(dir, &st); err != nil {
-		return err
-	}
-	m.n++
-	holder := filepath.Join(m.scratch, fmt.Sprintf("shadow-%d", m.n))
-	if err := os.MkdirAll(holder, 0o700); err != nil {
-		return err
-	}
-	// Keep a handle on the original entries, then cover the directory.
-	if err := unix.Mount(dir, holder, "", unix.MS_BIND|unix.MS_REC, ""); err != nil {
-		return fmt.Errorf("hold %s: %w", dir, err)
-	}
-	defer unix.Unmount(holder, unix.MNT_DETACH)
-	options := fmt.Sprintf("mode=%o,uid=%d,gid=%d", st.Mode&0o7777, st.Uid, st.Gid)
-	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, options); err != nil {
-		return fmt.Errorf("tmpfs over %s: %w", dir, err)
-	}
-	entries, err := os.ReadDir(holder)
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if err := restore(filepath.Join(holder, e.Name()), filepath.Join(dir, e.Name()), e); err != nil {
-			return fmt.Errorf("show %s over the tmpfs: %w", filepath.Join(dir, e.Name()), err)
-		}
-	}
-	var shadowed unix.Stat_t
-	if err := unix.Stat(dir, &shadowed); err != nil {
-		return err
-	}
-	m.shadows = append(m.shadows, shadowed.Dev)
-	return nil
-}
-
-// shadowRoot is shadow for /: a mount over / is not seen by the process,
-// whose root stays where it was, so the new root is built aside, moved
-// over /, and entered, as switch_root does.
-func (m *mounter) shadowRoot() error {
-	root := filepath.Join(m.scratch, "root")
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return err
-	}
-	if err := unix.Mount("tmpfs", root, "tmpfs", 0, "mode=0755"); err != nil {
-		return fmt.Errorf("tmpfs for a new root: %w", err)
-	}
-	entries, err := os.ReadDir("/")
-	if err != nil {
-		return err
-	}
-	for _, e := range entries {
-		if err := restore(filepath.Join("/", e.Name()), filepath.Join(root, e.Name()), e); err != nil {
-			return fmt.Errorf("show /%s in the new root: %w", e.Name(), err)
-		}
-	}
-	if err := os.Chdir(root); err != nil {
-		return err
-	}
-	if err := unix.Mount(root, "/", "", unix.MS_MOVE, ""); err != nil {
-		return fmt.Errorf("move the new root over /: %w", err)
-	}
-	if err := unix.Chroot("."); err != nil {
-		return fmt.Errorf("enter the new root: %w", err)
-	}
-	if err := os.Chdir("/"); err != nil {
-		return err
-	}
-	var st unix.Stat_t
-	if err := unix.Stat("/", &st); err != nil {
-		return err
-	}
-	m.shadows = append(m.shadows, st.Dev)
-	return nil
-}
-
-// restore shows the original entry src at dst: a symbolic link is copied,
-// anything else bind-mounted.
-func restore(src, dst string, e os.DirEntry) error {
-	switch {
-	case e.Type()&os.ModeSymlink != 0:
-		link, err := os.Readlink(src)
-		if err != nil {
-			return err
-		}
-		return os.Symlink(link, dst)
-	case e.IsDir():
-		if err := os.Mkdir(dst, 0o755); err != nil {
-			return err
-		}
-	default:
-		f, err := os.OpenFile(dst, os.O_CREATE|os.O_WRONLY, 0o644)
-		if err != nil {
-			return err
-		}
-		f.Close()
-	}
-	// An entry that vanished since it was listed stays an empty stand-in.
-	if err := unix.Mount(src, dst, "", unix.MS_BIND|unix.MS_REC, ""); err != nil && !errors.Is(err, unix.ENOENT) {
-		return err
-	}
-	return nil
 }

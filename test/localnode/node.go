@@ -6,11 +6,12 @@
 // API: they register the Node and renew its lease, watch the pods bound to
 // it, resolve their environment (downward API, Secret and ConfigMap keys,
 // service links) and write their status back. This package is the
-// provider: it runs each pod's containers as processes, each in a mount
-// namespace of its own with the pod's volumes bind-mounted at their paths,
-// all of a pod's in one network namespace, so ports never collide between
-// pods. An image is mapped to a local binary; any other image cannot be
-// pulled.
+// provider: it pulls each container's image from its registry (with
+// go-containerregistry; the local cluster serves one in-process) and
+// unpacks it once per digest, then runs the container's entrypoint as a
+// process inside that file system, in a mount namespace of its own with the
+// pod's volumes bind-mounted at their paths, all of a pod's in one network
+// namespace, so ports never collide between pods.
 package localnode
 
 import (
@@ -36,6 +37,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 )
@@ -57,9 +59,8 @@ type Config struct {
 	// Forward lists other loopback addresses of the host that every pod
 	// reaches at the same address, such as the local Postgres and RabbitMQ.
 	Forward []string
-	// Images maps image references to local binaries.
-	Images map[string]Image
-	// Dir holds the pods' volumes and the containers' output.
+	// Dir holds the pulled images, the pods' volumes and the containers'
+	// output.
 	Dir string
 	// Log receives the node's own log.
 	Log io.Writer
@@ -71,6 +72,9 @@ type Node struct {
 	apiHost      string
 	apiPort      int
 	volumeSource volumeSource
+	images       *imageStore
+	events       record.EventRecorder
+	stopEvents   func()
 	vk           *nodeutil.Node
 	cancel       context.CancelFunc
 	log          *logrus.Logger
@@ -112,7 +116,9 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		apiPort: port,
 		pods:    map[string]*podRuntime{},
 		log:     logger,
+		images:  newImageStore(filepath.Join(cfg.Dir, "images")),
 	}
+	n.events, n.stopEvents = newRecorder(n)
 	vklog.L = vklogrus.FromLogrus(logrus.NewEntry(logger))
 	// client-go's informers log through klog, a line per pod status update
 	// in virtual-kubelet's use of them: into the node's log too.
@@ -307,6 +313,7 @@ func (n *Node) Stop(grace time.Duration) error {
 			errs = append(errs, fmt.Errorf("pod %s/%s did not stop", p.namespace, p.name))
 		}
 	}
+	n.stopEvents()
 	return errors.Join(errs...)
 }
 

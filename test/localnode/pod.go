@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -21,7 +20,7 @@ const (
 	backoffMax     = 5 * time.Minute
 	backoffReset   = 10 * time.Minute
 	// retryInterval paces the retries of a pod that cannot start yet: a
-	// missing Secret, an unknown image.
+	// missing Secret.
 	retryInterval = 2 * time.Second
 )
 
@@ -132,8 +131,7 @@ func (p *podRuntime) run() {
 	wg.Wait()
 }
 
-// setUp resolves the images and makes the network namespace and the
-// volumes, retrying until it succeeds or the pod terminates.
+// setUp makes the network namespace and the volumes, retrying until it succeeds or the pod terminates.
 func (p *podRuntime) setUp() bool {
 	for {
 		err := p.trySetUp()
@@ -153,18 +151,6 @@ func (p *podRuntime) setUp() bool {
 }
 
 func (p *podRuntime) trySetUp() error {
-	var unknown []string
-	p.update(func() {
-		for _, c := range append(append([]*container{}, p.init...), p.app...) {
-			if _, err := resolveImage(p.node.cfg.Images, c.spec.Image); err != nil {
-				c.status.State = corev1.ContainerState{Waiting: &corev1.ContainerStateWaiting{Reason: reasonErrImagePull, Message: err.Error()}}
-				unknown = append(unknown, c.spec.Image)
-			}
-		}
-	})
-	if len(unknown) > 0 {
-		return fmt.Errorf("%s: cannot pull %s", reasonErrImagePull, strings.Join(unknown, ", "))
-	}
 	if p.vols == nil {
 		p.vols = newVolumes(p.node.volumeSource, filepath.Join(p.dir, "volumes"), p.snapshot())
 	}

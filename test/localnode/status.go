@@ -10,6 +10,7 @@ const (
 	reasonContainerCreating  = "ContainerCreating"
 	reasonPodInitializing    = "PodInitializing"
 	reasonErrImagePull       = "ErrImagePull"
+	reasonImagePullBackOff   = "ImagePullBackOff"
 	reasonCrashLoopBackOff   = "CrashLoopBackOff"
 	reasonCreateConfigError  = "CreateContainerConfigError"
 	reasonStartError         = "StartError"

@@ -3,8 +3,10 @@ package localnode
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -92,10 +94,15 @@ func TestContainerEnvPointsAtTheAPIServersLoopbackAddress(t *testing.T) {
 		{Name: "KUBERNETES_PORT_443_TCP_ADDR", Value: "10.0.0.1"},
 		{Name: "POD_NAME", Value: "orders-1"},
 	}}
+	c.Env = append(c.Env, corev1.EnvVar{Name: "OVERRIDDEN", Value: "by the container"})
 	pod := &corev1.Pod{}
 	pod.Name = "orders-1"
-	env, vars := containerEnv(c, pod, "127.0.0.1", 6443)
+	img := v1.Config{Env: []string{"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt", "OVERRIDDEN=by the image", "PATH=/image/bin"}}
+	env, vars := containerEnv(img, c, pod, "127.0.0.1", 6443)
 	for name, want := range map[string]string{
+		"SSL_CERT_FILE":           "/etc/ssl/certs/ca-certificates.crt",
+		"OVERRIDDEN":              "by the container",
+		"PATH":                    "/image/bin",
 		"KUBERNETES_SERVICE_HOST": "127.0.0.1",
 		"KUBERNETES_SERVICE_PORT": "6443",
 		"KUBERNETES_PORT":         "tcp://127.0.0.1:6443",
@@ -111,6 +118,56 @@ func TestContainerEnvPointsAtTheAPIServersLoopbackAddress(t *testing.T) {
 	}
 	if len(env) != len(vars) {
 		t.Errorf("env %v does not list each variable once", env)
+	}
+}
+
+// The container's command replaces the image's entrypoint, and its args the
+// image's cmd, as in a kubelet's runtime.
+func TestArgv(t *testing.T) {
+	img := v1.Config{Entrypoint: []string{"/usr/local/bin/spillway"}, Cmd: []string{"--help"}}
+	env := map[string]string{"POD": "orders-1"}
+	for _, tc := range []struct {
+		command, args, want []string
+	}{
+		{nil, nil, []string{"/usr/local/bin/spillway", "--help"}},
+		{nil, []string{"drain", "--id=$(POD)"}, []string{"/usr/local/bin/spillway", "drain", "--id=orders-1"}},
+		{[]string{"sh", "-c"}, []string{"echo $(POD)"}, []string{"sh", "-c", "echo orders-1"}},
+		{[]string{"/bin/true"}, nil, []string{"/bin/true"}},
+	} {
+		got := argv(img, corev1.Container{Command: tc.command, Args: tc.args}, env)
+		if strings.Join(got, " ") != strings.Join(tc.want, " ") {
+			t.Errorf("command %q args %q: %q, want %q", tc.command, tc.args, got, tc.want)
+		}
+	}
+}
+
+// An image's USER is resolved in its own /etc/passwd and /etc/group.
+func TestImageUser(t *testing.T) {
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "etc"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/passwd"), []byte("root:x:0:0::/root:/bin/sh\nnonroot:x:65532:65532::/home/nonroot:/sbin/nologin\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "etc/group"), []byte("root:x:0:\nnonroot:x:65532:\nstaff:x:50:\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for user, want := range map[string][2]int64{
+		"":              {0, 0},
+		"65532:65532":   {65532, 65532},
+		"nonroot":       {65532, 65532},
+		"nonroot:staff": {65532, 50},
+		"1000":          {1000, 0},
+		"1000:1001":     {1000, 1001},
+	} {
+		uid, gid, err := imageUser(&image{Root: root, Config: v1.Config{User: user}})
+		if err != nil || uid != want[0] || gid != want[1] {
+			t.Errorf("USER %q: %d:%d, %v; want %d:%d", user, uid, gid, err, want[0], want[1])
+		}
+	}
+	if _, _, err := imageUser(&image{Root: root, Config: v1.Config{User: "nobody-here"}}); err == nil || !strings.Contains(err.Error(), `"nobody-here" is not in the image's passwd`) {
+		t.Errorf("an unknown user: %v", err)
 	}
 }
 

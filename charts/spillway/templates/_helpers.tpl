@@ -49,7 +49,11 @@ app.kubernetes.io/component: test
 {{- end -}}
 
 {{- define "spillway.image" -}}
+{{- if .Values.image.digest -}}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- else -}}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) -}}
+{{- end -}}
 {{- end -}}
 
 {{/* Fleets run the operator's own image unless told otherwise. */}}
