@@ -30,8 +30,8 @@ import (
 
 type options struct {
 	spillway, helm, imageLayout string
-	events         int
-	timeout, tick  time.Duration
+	events                      int
+	timeout, tick               time.Duration
 }
 
 // The sample's fleet.

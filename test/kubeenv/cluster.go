@@ -47,7 +47,7 @@ type Cluster struct {
 	// Images are the images the cluster's registry serves.
 	Images Images
 
-	env        *envtest.Environment
+	env          *envtest.Environment
 	components   []*exec.Cmd
 	logs         []*os.File
 	stopRegistry func()
