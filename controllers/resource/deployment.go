@@ -22,7 +22,7 @@ const (
 	// shutdownGrace is added to the drainer's shutdown timeout, so the
 	// kubelet's SIGKILL never cuts a clean shutdown short.
 	shutdownGrace = 10 * time.Second
-	// nonRootID is the nonroot user and group of distroless images.
+	// nonRootID is the image's nonroot user and group (internal/image).
 	nonRootID = 65532
 )
 
