@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Builds the kube-apiserver and etcd that envtest runs, and the
-# kube-controller-manager, kube-scheduler and kubectl of the local cluster
-# (test/kubeenv's StartCluster), from the Go module proxy (nothing else can be
-# downloaded here), and caches them under
+# Fetches (hack/download.sh, where the release downloads are reachable) or
+# else builds from the Go module proxy the kube-apiserver and etcd that
+# envtest runs, and the kube-controller-manager, kube-scheduler and kubectl
+# of the local cluster (test/kubeenv's StartCluster), and caches them under
+# bin/control-plane/<kubernetes version>-released/ or
 # bin/control-plane/<kubernetes version>-etcd<etcd version>/. Prints that
-# directory, the value of KUBEBUILDER_ASSETS. A cached build is reused.
+# directory, the value of KUBEBUILDER_ASSETS. A cached set is reused.
 #
 # The Kubernetes minor comes from go.mod's k8s.io/api (v0.X.Y → v1.X), so an
 # upgrade stays one edit. The patch is pinned: it must be a release whose
@@ -26,14 +27,24 @@ kubernetes_version=v1.${minor}.${KUBERNETES_PATCH}
 staging_version=v0.${minor}.${KUBERNETES_PATCH}
 
 dir=$PWD/bin/control-plane/${kubernetes_version}-etcd${ETCD_VERSION}
-complete() {
-  [ -x "$dir/kube-apiserver" ] && [ -x "$dir/etcd" ] || return 1
-  for b in $cluster_binaries; do [ -x "$dir/$b" ] || return 1; done
+# Released binaries, where the release downloads are reachable
+# (hack/download.sh); their etcd is the one envtest's release bundles.
+released=$PWD/bin/control-plane/${kubernetes_version}-released
+complete() { # dir
+  [ -x "$1/kube-apiserver" ] && [ -x "$1/etcd" ] || return 1
+  for b in $cluster_binaries; do [ -x "$1/$b" ] || return 1; done
 }
-if complete; then
-  echo "$dir"
+for d in "$dir" "$released"; do
+  if complete "$d"; then
+    echo "$d"
+    exit 0
+  fi
+done
+if hack/download.sh control-plane "$kubernetes_version" "$released"; then
+  echo "$released"
   exit 0
 fi
+echo "control-plane: building from the Go module proxy instead (about 30 minutes the first time on 2 cores)" >&2
 mkdir -p "$dir"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
