@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	amqp "github.com/rabbitmq/amqp091-go"
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -103,6 +105,57 @@ func describeBrokerCluster(env *journey) {
 			AddReportEntry(name, fmt.Sprintf("%d events, %d lost, %d duplicates\n%s", f.events, len(f.lost), f.dups, f.timeline))
 			Expect(f.lost).To(BeEmpty(), "events lost:\n%s", f.timeline)
 		}
+
+		It("drains over TLS from the image: the drainers verify the nodes' certificates with a CA mounted from a Secret", func(ctx SpecContext) {
+			ns := namespace(ctx, "depot-tls")
+			tlsOutbox := testenv.Outbox{DB: services.DB, Table: "public." + testenv.UniqueName("tls_outbox")}
+			Expect(tlsOutbox.Migrate(ctx)).To(Succeed())
+			DeferCleanup(func(ctx SpecContext) {
+				_, err := services.DB.Exec(ctx, "DROP TABLE IF EXISTS "+tlsOutbox.Table)
+				Expect(err).NotTo(HaveOccurred())
+			})
+			var tlsTopo testenv.Topology
+			onCluster(func(ch *amqp.Channel) {
+				var err error
+				tlsTopo, err = testenv.DeclareTopology(ch, "#", amqp.Table{"x-queue-type": "quorum"})
+				Expect(err).NotTo(HaveOccurred())
+			})
+			DeferCleanup(func() { onCluster(tlsTopo.Delete) })
+			ca, err := os.ReadFile(rabbitcluster.CAFile())
+			Expect(err).NotTo(HaveOccurred())
+			Expect(k8s.Create(ctx, &corev1.Secret{
+				ObjectMeta: metav1.ObjectMeta{Name: "broker-ca", Namespace: ns},
+				Data:       map[string][]byte{"ca.crt": ca},
+			})).To(Succeed())
+			manifests, err := testenv.SampleFleet(tlsOutbox.Table, tlsTopo.Exchange, "1s", func(spec map[string]any) {
+				spec["broker"].(map[string]any)["tls"] = map[string]any{"secretName": "broker-ca"}
+			})
+			Expect(err).NotTo(HaveOccurred())
+			manifests = strings.Replace(manifests, testenv.BrokerURL(), rabbitcluster.TLSURLs(), 1)
+			out, err := runWithInput(manifests, "kubectl", "apply", "--namespace", ns, "-f", "-")
+			Expect(err).NotTo(HaveOccurred(), out)
+			DeferCleanup(func(ctx SpecContext) {
+				mustRun("kubectl", "delete", "outboxdrainer", fleetName, "--namespace", ns)
+				Eventually(func() int { return len(pods(ctx, ns, drainerLabels)) }, 2*time.Minute).Should(BeZero())
+			})
+			Eventually(func() []string { return readyPods(ctx, ns, drainerLabels) }, 2*time.Minute, 200*time.Millisecond).Should(HaveLen(2))
+			for _, p := range pods(ctx, ns, drainerLabels) {
+				Expect(p.Status.ContainerStatuses[0].ImageID).To(Equal(spillwayImage), "the registry's image, by digest")
+				sc := p.Spec.Containers[0].SecurityContext
+				Expect(*sc.ReadOnlyRootFilesystem && *sc.RunAsNonRoot).To(BeTrue(), "a read-only root, as a non-root user")
+			}
+
+			ids, err := tlsOutbox.Insert(ctx, 2000)
+			Expect(err).NotTo(HaveOccurred())
+			_, err = tlsOutbox.WaitDrained(ctx, 2*time.Minute)
+			Expect(err).NotTo(HaveOccurred())
+			onCluster(func(ch *amqp.Channel) {
+				lost, dups, err := rabbitcluster.Account(ch, tlsTopo.Queue, ids)
+				Expect(err).NotTo(HaveOccurred())
+				AddReportEntry("over TLS", fmt.Sprintf("%d events, %d lost, %d duplicates", len(ids), len(lost), dups))
+				Expect(lost).To(BeEmpty())
+			})
+		})
 
 		It("loses no event when the node a drainer pod is connected to is killed with kill -9", func(ctx SpecContext) {
 			clusterFault(ctx, "broker node of a drainer pod killed (kill -9)", func(ctx context.Context, f *fault) {

@@ -57,9 +57,9 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	layout, err := kubeenv.ImageLayout()
 	Expect(err).NotTo(HaveOccurred())
 	cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{
-		// The broker cluster's nodes, the database primary and replica and
-		// PgBouncer, for the fleets that use them.
-		Forward:     append(rabbitcluster.Addrs(), pgha.Addrs()...),
+		// The broker cluster's nodes (AMQP and AMQPS), the database primary
+		// and replica and PgBouncer, for the fleets that use them.
+		Forward:     append(append(rabbitcluster.Addrs(), rabbitcluster.TLSAddrs()...), pgha.Addrs()...),
 		ImageLayout: layout,
 		Progress:    GinkgoWriter,
 	})

@@ -152,7 +152,8 @@ var _ = Describe("Spillway on the local cluster", Ordered, func() {
 			operator = list[0]
 			g.Expect(ready(operator)).To(BeTrue(), "Running and Ready")
 		}, 2*time.Minute).Should(Succeed())
-		Expect(operator.Spec.Containers[0].Image).To(Equal(spillwayImage))
+		Expect(operator.Spec.Containers[0].Image).To(Equal(spillwayImage), "the registry's image, by digest")
+		Expect(operator.Status.ContainerStatuses[0].ImageID).To(Equal(spillwayImage), "the digest the node pulled")
 		Expect(operator.Spec.ServiceAccountName).To(Equal(release))
 		Expect(tokenSubject(operator)).To(Equal("system:serviceaccount:"+operatorNamespace+":"+release),
 			"its only credential is the chart's ServiceAccount's token")
@@ -198,6 +199,7 @@ var _ = Describe("Spillway on the local cluster", Ordered, func() {
 		Eventually(func() []string { return readyPods(ctx, shop, drainerLabels) }, 2*time.Minute).Should(HaveLen(2))
 		for _, p := range pods(ctx, shop, drainerLabels) {
 			Expect(p.Spec.Containers[0].Image).To(Equal(spillwayImage), "the operator's own image, from --drainer-image")
+			Expect(p.Status.ContainerStatuses[0].ImageID).To(Equal(spillwayImage))
 		}
 	})
 

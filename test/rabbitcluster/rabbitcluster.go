@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"os/exec"
 	"regexp"
 	"strconv"
@@ -60,6 +61,34 @@ func Addrs() []string {
 		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", AMQPPort(n)))
 	}
 	return addrs
+}
+
+// TLSAddrs are the nodes' AMQPS addresses.
+func TLSAddrs() []string {
+	var addrs []string
+	for n := 1; n <= Nodes; n++ {
+		addrs = append(addrs, fmt.Sprintf("127.0.0.1:%d", AMQPSPort(n)))
+	}
+	return addrs
+}
+
+// TLSURLs are the nodes' AMQPS URLs, comma-separated: their certificates
+// name localhost and 127.0.0.1, signed by CAFile's CA.
+func TLSURLs() string {
+	var urls []string
+	for _, a := range TLSAddrs() {
+		urls = append(urls, "amqps://guest:guest@"+a+"/")
+	}
+	return strings.Join(urls, ",")
+}
+
+// CAFile is the CA that signs the nodes' certificates (hack/tls-certs.sh).
+func CAFile() string {
+	dir := os.Getenv("SPILLWAY_RMQ_CLUSTER_DIR")
+	if dir == "" {
+		dir = "/tmp/spillway-rabbitmq-cluster"
+	}
+	return filepath.Join(dir, "certs", "ca.crt")
 }
 
 // URLs are the nodes' AMQP URLs, comma-separated: a fleet's broker URL.
