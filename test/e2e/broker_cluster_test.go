@@ -28,7 +28,8 @@ const depot = "depot"
 // describeBrokerCluster is the journey's fleet on a RabbitMQ cluster: the
 // sample fleet in a namespace of its own, whose broker Secret lists the
 // three nodes of hack/rabbitmq-cluster.sh, publishing to a quorum queue.
-// The node a drainer pod is connected to is killed, then a memory alarm
+// A second fleet drains over TLS, with the CA from a Secret. Then the node
+// a drainer pod is connected to is killed, then a memory alarm
 // blocks the cluster; each fault prints the OutboxDrainer's Ready condition
 // as it changed, and accounts for every event by message_id.
 func describeBrokerCluster(env *journey) {
@@ -48,28 +49,7 @@ func describeBrokerCluster(env *journey) {
 			Expect(err).NotTo(HaveOccurred())
 			DeferCleanup(func() { _, _ = rabbitcluster.Script("stop") })
 			namespace(ctx, depot)
-			outbox = testenv.Outbox{DB: services.DB, Table: "public." + testenv.UniqueName("cluster_outbox")}
-			Expect(outbox.Migrate(ctx)).To(Succeed())
-			DeferCleanup(func(ctx SpecContext) {
-				_, err := services.DB.Exec(ctx, "DROP TABLE IF EXISTS "+outbox.Table)
-				Expect(err).NotTo(HaveOccurred())
-			})
-			onCluster(func(ch *amqp.Channel) {
-				topo, err = testenv.DeclareTopology(ch, "#", amqp.Table{"x-queue-type": "quorum"})
-				Expect(err).NotTo(HaveOccurred())
-			})
-			DeferCleanup(func() { onCluster(topo.Delete) })
-
-			manifests, err := testenv.SampleFleet(outbox.Table, topo.Exchange, "1s")
-			Expect(err).NotTo(HaveOccurred())
-			manifests = strings.Replace(manifests, testenv.BrokerURL(), rabbitcluster.URLs(), 1)
-			out, err := runWithInput(manifests, "kubectl", "apply", "--namespace", depot, "-f", "-")
-			Expect(err).NotTo(HaveOccurred(), out)
-			DeferCleanup(func(ctx SpecContext) {
-				mustRun("kubectl", "delete", "outboxdrainer", fleetName, "--namespace", depot)
-				Eventually(func() int { return len(pods(ctx, depot, drainerLabels)) }, 2*time.Minute).Should(BeZero())
-			})
-			Eventually(func() []string { return readyPods(ctx, depot, drainerLabels) }, 2*time.Minute, 200*time.Millisecond).Should(HaveLen(2))
+			outbox, topo = clusterFleet(ctx, depot, rabbitcluster.URLs())
 		})
 
 		// clusterFault runs a fault on the fleet under a burst and a steady
@@ -108,37 +88,15 @@ func describeBrokerCluster(env *journey) {
 
 		It("drains over TLS from the image: the drainers verify the nodes' certificates with a CA mounted from a Secret", func(ctx SpecContext) {
 			ns := namespace(ctx, "depot-tls")
-			tlsOutbox := testenv.Outbox{DB: services.DB, Table: "public." + testenv.UniqueName("tls_outbox")}
-			Expect(tlsOutbox.Migrate(ctx)).To(Succeed())
-			DeferCleanup(func(ctx SpecContext) {
-				_, err := services.DB.Exec(ctx, "DROP TABLE IF EXISTS "+tlsOutbox.Table)
-				Expect(err).NotTo(HaveOccurred())
-			})
-			var tlsTopo testenv.Topology
-			onCluster(func(ch *amqp.Channel) {
-				var err error
-				tlsTopo, err = testenv.DeclareTopology(ch, "#", amqp.Table{"x-queue-type": "quorum"})
-				Expect(err).NotTo(HaveOccurred())
-			})
-			DeferCleanup(func() { onCluster(tlsTopo.Delete) })
 			ca, err := os.ReadFile(rabbitcluster.CAFile())
 			Expect(err).NotTo(HaveOccurred())
 			Expect(k8s.Create(ctx, &corev1.Secret{
 				ObjectMeta: metav1.ObjectMeta{Name: "broker-ca", Namespace: ns},
 				Data:       map[string][]byte{"ca.crt": ca},
 			})).To(Succeed())
-			manifests, err := testenv.SampleFleet(tlsOutbox.Table, tlsTopo.Exchange, "1s", func(spec map[string]any) {
+			tlsOutbox, tlsTopo := clusterFleet(ctx, ns, rabbitcluster.TLSURLs(), func(spec map[string]any) {
 				spec["broker"].(map[string]any)["tls"] = map[string]any{"secretName": "broker-ca"}
 			})
-			Expect(err).NotTo(HaveOccurred())
-			manifests = strings.Replace(manifests, testenv.BrokerURL(), rabbitcluster.TLSURLs(), 1)
-			out, err := runWithInput(manifests, "kubectl", "apply", "--namespace", ns, "-f", "-")
-			Expect(err).NotTo(HaveOccurred(), out)
-			DeferCleanup(func(ctx SpecContext) {
-				mustRun("kubectl", "delete", "outboxdrainer", fleetName, "--namespace", ns)
-				Eventually(func() int { return len(pods(ctx, ns, drainerLabels)) }, 2*time.Minute).Should(BeZero())
-			})
-			Eventually(func() []string { return readyPods(ctx, ns, drainerLabels) }, 2*time.Minute, 200*time.Millisecond).Should(HaveLen(2))
 			for _, p := range pods(ctx, ns, drainerLabels) {
 				Expect(p.Status.ContainerStatuses[0].ImageID).To(Equal(spillwayImage), "the registry's image, by digest")
 				sc := p.Spec.Containers[0].SecurityContext
@@ -257,6 +215,37 @@ func (w *readyWatch) seen() string {
 
 // onCluster runs fn on a channel of a fresh connection to the first node of
 // the broker cluster that answers.
+// clusterFleet is the sample fleet in namespace ns on the broker cluster's
+// urls, with an outbox table and a quorum queue of its own, its two drainer
+// pods Ready; all of it goes at cleanup.
+func clusterFleet(ctx context.Context, ns, urls string, edits ...func(spec map[string]any)) (testenv.Outbox, testenv.Topology) {
+	outbox := testenv.Outbox{DB: services.DB, Table: "public." + testenv.UniqueName("cluster_outbox")}
+	Expect(outbox.Migrate(ctx)).To(Succeed())
+	DeferCleanup(func(ctx SpecContext) {
+		_, err := services.DB.Exec(ctx, "DROP TABLE IF EXISTS "+outbox.Table)
+		Expect(err).NotTo(HaveOccurred())
+	})
+	var topo testenv.Topology
+	onCluster(func(ch *amqp.Channel) {
+		var err error
+		topo, err = testenv.DeclareTopology(ch, "#", amqp.Table{"x-queue-type": "quorum"})
+		Expect(err).NotTo(HaveOccurred())
+	})
+	DeferCleanup(func() { onCluster(topo.Delete) })
+
+	manifests, err := testenv.SampleFleet(outbox.Table, topo.Exchange, "1s", edits...)
+	Expect(err).NotTo(HaveOccurred())
+	manifests = strings.Replace(manifests, testenv.BrokerURL(), urls, 1)
+	out, err := runWithInput(manifests, "kubectl", "apply", "--namespace", ns, "-f", "-")
+	Expect(err).NotTo(HaveOccurred(), out)
+	DeferCleanup(func(ctx SpecContext) {
+		mustRun("kubectl", "delete", "outboxdrainer", fleetName, "--namespace", ns)
+		Eventually(func() int { return len(pods(ctx, ns, drainerLabels)) }, 2*time.Minute).Should(BeZero())
+	})
+	Eventually(func() []string { return readyPods(ctx, ns, drainerLabels) }, 2*time.Minute, 200*time.Millisecond).Should(HaveLen(2))
+	return outbox, topo
+}
+
 func onCluster(fn func(ch *amqp.Channel)) {
 	Expect(rabbitcluster.WithChannel(fn)).To(Succeed())
 }
