@@ -214,8 +214,7 @@ func (d *demo) install(ctx context.Context) error {
 			fmt.Fprintln(d.out, line)
 		}
 	}
-	_, err = d.sh(ctx, true, "", "kubectl", "get", "pods", "--namespace", "spillway-system")
-	return err
+	return d.showImages(ctx, "spillway-system")
 }
 
 func (d *demo) applyFleet(ctx context.Context, exchange string) error {
@@ -236,12 +235,13 @@ func (d *demo) applyFleet(ctx context.Context, exchange string) error {
 	if err := d.waitDrainers(ctx, 2); err != nil {
 		return err
 	}
-	return d.showImages(ctx)
+	return d.showImages(ctx, namespace)
 }
 
-// showImages shows the drainer pods' image and the digest the node pulled,
-// and the pull in the first pod's events.
-func (d *demo) showImages(ctx context.Context) error {
+// showImages shows the pods' image and the digest the node pulled, and the
+// pull in the first pod's events: the operator's pulls the image, the
+// drainers' find it on the node.
+func (d *demo) showImages(ctx context.Context, namespace string) error {
 	out, err := d.sh(ctx, true, "", "kubectl", "get", "pods", "--namespace", namespace, "--sort-by=.metadata.name", "--output",
 		"custom-columns=NAME:.metadata.name,STATUS:.status.phase,IMAGE:.spec.containers[0].image,IMAGE ID:.status.containerStatuses[0].imageID")
 	if err != nil {
@@ -249,7 +249,7 @@ func (d *demo) showImages(ctx context.Context) error {
 	}
 	rows := testenv.ParseTable(out)
 	if len(rows) == 0 {
-		return errors.New("no drainer pod to describe")
+		return fmt.Errorf("no pod in namespace %s to describe", namespace)
 	}
 	pod := rows[0]["NAME"]
 	out, err = d.sh(ctx, false, "", "kubectl", "describe", "pod", pod, "--namespace", namespace)

@@ -34,7 +34,9 @@ var _ = Describe("make demo", func() {
 		Expect(out).To(ContainSubstring("outboxdrainer.spillway.io/orders created"))
 		Expect(out).To(MatchRegexp(`(?m)^orders-\S+\s+Running\s+(127\.0\.0\.1:\d+/spillway-io/spillway@sha256:[0-9a-f]{64})\s+127\.0\.0\.1:\d+/spillway-io/spillway@sha256:[0-9a-f]{64}$`),
 			"the drainer pods run the registry's image by digest, and the node reports the digest it pulled")
-		Expect(out).To(MatchRegexp(`Normal\s+Pull(ing|ed)\s+.*image "127\.0\.0\.1:\d+/spillway-io/spillway@sha256:`), "the pull in the pod's events")
+		Expect(out).To(MatchRegexp(`Normal\s+Pulling\s+.*Pulling image "127\.0\.0\.1:\d+/spillway-io/spillway@sha256:`), "the operator pod's pull in its events")
+		Expect(out).To(MatchRegexp(`Normal\s+Pulled\s+.*Successfully pulled image "127\.0\.0\.1:\d+/spillway-io/spillway@sha256:[0-9a-f]{64}" in \S+\. Image size: \d+ bytes\.`))
+		Expect(out).To(MatchRegexp(`Normal\s+Pulled\s+.*Container image "127\.0\.0\.1:\d+/spillway-io/spillway@sha256:[0-9a-f]{64}" already present on machine`), "the drainers' pods find it on the node")
 		Expect(out).To(MatchRegexp(`(?m)^\s+[0-9.]+s\s+orders\s+True\s+2\s+0\s`), "the backlog drained")
 		Expect(out).To(MatchRegexp(`(?m)^orders\s+True\s+3\s`), "REPLICAS 3 after the scale-up")
 		Expect(out).To(ContainSubstring("tore down the cluster"))
