@@ -160,7 +160,7 @@ var _ = Describe("The Helm chart", func() {
 		Expect(d.Spec.Template.Labels).To(HaveKeyWithValue("team", "platform"))
 		Expect(d.Spec.Template.Annotations).To(HaveKeyWithValue("example.com/team", "platform"))
 		c := pod.Containers[0]
-		Expect(c.Image).To(Equal("registry.example.com/platform/spillway:v0.1.0-rc.1"))
+		Expect(c.Image).To(Equal("registry.example.com/platform/spillway@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"), "the digest replaces the tag")
 		Expect(c.ImagePullPolicy).To(Equal(corev1.PullAlways))
 		Expect(c.Args).To(ContainElements(
 			"--drainer-image=registry.example.com/platform/spillway-drainer:v0.1.0-rc.1",
@@ -200,6 +200,7 @@ var _ = Describe("The Helm chart", func() {
 		Entry("a string for a number", "replicaCount: two\n", "at '/replicaCount': got string, want integer"),
 		Entry("a string for a boolean", "leaderElection:\n  enabled: \"yes\"\n", "at '/leaderElection/enabled': got string, want boolean"),
 		Entry("a number for a string", "image:\n  tag: 1.2\n", "at '/image/tag': got number, want string"),
+		Entry("a digest that is not sha256", "image:\n  digest: v1.2\n", "at '/image/digest'"),
 		Entry("a map for a list", "tolerations:\n  key: dedicated\n", "at '/tolerations': got object, want array"),
 		Entry("a port out of range", "metrics:\n  port: 80800\n", "at '/metrics/port': maximum"),
 		Entry("a misspelt key", "serviceMonitor:\n  enable: true\n", "at '/serviceMonitor': additional properties 'enable' not allowed"),
