@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -18,7 +17,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"github.com/spillway-io/spillway/controllers"
 	"github.com/spillway-io/spillway/test/kubeenv"
@@ -102,12 +100,6 @@ func helmImages() []string {
 	repo, digest, _ := strings.Cut(spillwayImage, "@")
 	return []string{"--set", "image.repository=" + repo, "--set", "image.digest=" + digest,
 		"--set", "test.image=" + cluster.Images.Kubectl}
-}
-
-func readYAML(path string, into any) {
-	data, err := os.ReadFile(filepath.Join(testenv.RepoRoot(), path))
-	Expect(err).NotTo(HaveOccurred())
-	Expect(yaml.Unmarshal(data, into)).To(Succeed())
 }
 
 // run runs kubectl ("kubectl" means the cluster's) or helm against the
