@@ -292,9 +292,13 @@ func (p *podRuntime) containerSpec(c *container, img *image) (containerSpec, err
 }
 
 // hostsFile is the pod's /etc/hosts, as a kubelet writes it: the loopback
-// names and the pod's hostname.
+// names and the pod's hostname. It is written once, by the pod's first
+// container to start: the others may have it mounted already.
 func (p *podRuntime) hostsFile(hostname string) (string, error) {
 	path := filepath.Join(p.dir, "etc-hosts")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
 	content := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.0.1\t" + hostname + "\n"
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		return "", err
