@@ -189,7 +189,10 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	if c.Images, err = pushImages(ctx, registry, opts.ImageLayout, assets); err != nil {
 		return c, err
 	}
-	progress("registry at %s serves %s in %s", registry, c.Images.Spillway, since(start))
+	progress("registry at %s serves %s, built from %s, in %s", registry, c.Images.Spillway, c.Images.Revision, since(start))
+	if head := testenv.Revision(); head != "" && head != c.Images.Revision {
+		progress("the image was built from %s, not from HEAD %s: run make image to test the code as it is", c.Images.Revision, head)
+	}
 	c.Node, err = localnode.Start(ctx, localnode.Config{
 		Name:      NodeName,
 		Client:    c.Client,

@@ -33,6 +33,8 @@ type Images struct {
 	Kubectl string
 	// Shell is the static busybox as an image, for the node's own specs.
 	Shell string
+	// Revision is the commit Spillway's image was built from.
+	Revision string
 }
 
 // Repository is the repository of Spillway's image in the cluster's
@@ -77,7 +79,7 @@ func startRegistry() (string, func(), error) {
 func pushImages(ctx context.Context, reg, imageLayout, assets string) (Images, error) {
 	imgs := Images{Registry: reg}
 	var err error
-	if imgs.Spillway, err = pushLayout(ctx, imgs.Repository(), imageLayout); err != nil {
+	if imgs.Spillway, imgs.Revision, err = pushLayout(ctx, imgs.Repository(), imageLayout); err != nil {
 		return imgs, fmt.Errorf("push Spillway's image from %s: %w", imageLayout, err)
 	}
 	if imgs.Kubectl, err = pushTool(ctx, reg+"/kubectl", filepath.Join(assets, "kubectl"), "/usr/local/bin/kubectl"); err != nil {
@@ -92,27 +94,28 @@ func pushImages(ctx context.Context, reg, imageLayout, assets string) (Images, e
 }
 
 // pushLayout pushes the layout's one index, under the tag its ref.name
-// annotation gives, and returns its reference by digest.
-func pushLayout(ctx context.Context, repo, dir string) (string, error) {
+// annotation gives, and returns its reference by digest and the commit it
+// was built from.
+func pushLayout(ctx context.Context, repo, dir string) (string, string, error) {
 	path, err := layout.FromPath(dir)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	top, err := path.ImageIndex()
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	manifest, err := top.IndexManifest()
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if len(manifest.Manifests) != 1 {
-		return "", fmt.Errorf("the layout holds %d entries, not one index", len(manifest.Manifests))
+		return "", "", fmt.Errorf("the layout holds %d entries, not one index", len(manifest.Manifests))
 	}
 	entry := manifest.Manifests[0]
 	index, err := top.ImageIndex(entry.Digest)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	tag := entry.Annotations["org.opencontainers.image.ref.name"]
 	if tag == "" {
@@ -120,12 +123,16 @@ func pushLayout(ctx context.Context, repo, dir string) (string, error) {
 	}
 	ref, err := name.ParseReference(repo + ":" + tag)
 	if err != nil {
-		return "", err
+		return "", "", err
 	}
 	if err := remote.WriteIndex(ref, index, remote.WithContext(ctx)); err != nil {
-		return "", err
+		return "", "", err
 	}
-	return repo + "@" + entry.Digest.String(), nil
+	indexManifest, err := index.IndexManifest()
+	if err != nil {
+		return "", "", err
+	}
+	return repo + "@" + entry.Digest.String(), indexManifest.Annotations["org.opencontainers.image.revision"], nil
 }
 
 // pushTool pushes an image of one static program, with links to it, for
