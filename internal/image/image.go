@@ -16,12 +16,12 @@ const BinaryPath = "/usr/local/bin/spillway"
 // Entrypoint is the image's, and the Dockerfile's.
 var Entrypoint = []string{BinaryPath}
 
+// pathEnv is the PATH of every image built here.
+const pathEnv = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
 // Env is the image's environment. SSL_CERT_FILE points libraries that do
 // not look in CABundle's place at it.
-var Env = []string{
-	"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-	"SSL_CERT_FILE=" + CABundle,
-}
+var Env = []string{pathEnv, "SSL_CERT_FILE=" + CABundle}
 
 // Platforms are the ones `make image` builds.
 var Platforms = []v1.Platform{{OS: "linux", Architecture: "amd64"}, {OS: "linux", Architecture: "arm64"}}
@@ -105,7 +105,7 @@ func Tool(p v1.Platform, program string, data []byte, links []string, created ti
 	if err != nil {
 		return nil, err
 	}
-	return Assemble(p, []v1.Layer{layer}, v1.Config{Entrypoint: []string{program}, Env: Env[:1]}, created)
+	return Assemble(p, []v1.Layer{layer}, v1.Config{Entrypoint: []string{program}, Env: []string{pathEnv}}, created)
 }
 
 // Assemble is an OCI image of layers, run as config says.

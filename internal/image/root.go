@@ -37,15 +37,16 @@ func WriteRoot(dir string, files []File) error {
 			}
 		}
 		// Chmod after chown, which clears the sticky and set-id bits.
-		if err := os.Chmod(target, fileMode(f.Mode)); err != nil {
+		if err := os.Chmod(target, FileMode(f.Mode)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// fileMode is a tar header's mode as Go's.
-func fileMode(mode int64) os.FileMode {
+// FileMode is a tar header's mode as Go's: the permission bits and the
+// sticky bit, which /tmp needs.
+func FileMode(mode int64) os.FileMode {
 	m := os.FileMode(mode & 0o777)
 	if mode&0o1000 != 0 {
 		m |= os.ModeSticky

@@ -135,17 +135,27 @@ exit 7`)
 		pod := shellPod(ns, "missing-image", "true")
 		pod.Spec.Containers[0].Image = missing
 		Expect(k8s.Create(ctx, pod)).To(Succeed())
-		var reasons []string
 		Eventually(func(g Gomega) {
 			s := containerState(ctx, pod)(g)
 			g.Expect(s.State.Waiting).NotTo(BeNil())
-			if len(reasons) == 0 || reasons[len(reasons)-1] != s.State.Waiting.Reason {
-				reasons = append(reasons, s.State.Waiting.Reason)
-			}
 			g.Expect(s.State.Waiting.Reason).To(Equal("ImagePullBackOff"))
 			g.Expect(s.State.Waiting.Message).To(Equal(`Back-off pulling image "` + missing + `"`))
 		}, time.Minute, 100*time.Millisecond).Should(Succeed())
-		Expect(reasons).To(ContainElement("ErrImagePull"), "ErrImagePull first")
+		// ErrImagePull lasts two seconds before the back-off: its event, not
+		// a poll of the status, shows that it came first.
+		Eventually(func(g Gomega) {
+			var events corev1.EventList
+			g.Expect(k8s.List(ctx, &events, client.InNamespace(ns), client.MatchingFields{"involvedObject.name": pod.Name})).To(Succeed())
+			first := map[string]time.Time{}
+			for _, e := range events.Items {
+				if e.Reason == "BackOff" || e.Message == "Error: ErrImagePull" {
+					first[e.Reason] = e.FirstTimestamp.Time
+				}
+			}
+			g.Expect(first).To(HaveKey("Failed"))
+			g.Expect(first).To(HaveKey("BackOff"))
+			g.Expect(first["Failed"]).To(BeTemporally("<=", first["BackOff"]), "ErrImagePull first")
+		}, 30*time.Second).Should(Succeed())
 		got, err := getPod(ctx, pod)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(got.Status.Phase).To(Equal(corev1.PodPending))

@@ -85,8 +85,7 @@ func pushImages(ctx context.Context, reg, imageLayout, assets string) (Images, e
 	if imgs.Kubectl, err = pushTool(ctx, reg+"/kubectl", filepath.Join(assets, "kubectl"), "/usr/local/bin/kubectl"); err != nil {
 		return imgs, fmt.Errorf("push kubectl's image: %w", err)
 	}
-	busybox := "/bin/busybox"
-	if imgs.Shell, err = pushTool(ctx, reg+"/busybox", busybox, "/bin/busybox",
+	if imgs.Shell, err = pushTool(ctx, reg+"/busybox", "/bin/busybox", "/bin/busybox",
 		"/bin/sh", "/bin/id", "/bin/cat", "/bin/stat", "/bin/grep", "/bin/ls", "/bin/touch", "/bin/sleep", "/bin/echo", "/bin/test", "/bin/true"); err != nil {
 		return imgs, fmt.Errorf("push the shell's image (the package busybox-static, which make test installs): %w", err)
 	}

@@ -18,6 +18,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	corev1 "k8s.io/api/core/v1"
+
+	spillwayimage "github.com/spillway-io/spillway/internal/image"
 )
 
 // image is a pulled image: its root file system unpacked on the node, and
@@ -78,7 +80,7 @@ func (s *imageStore) pull(ctx context.Context, ref string) (*image, bool, error)
 	if err != nil {
 		return nil, false, err
 	}
-	size, err := pullSize(img)
+	size, _, err := spillwayimage.PullSize(img)
 	if err != nil {
 		return nil, false, err
 	}
@@ -95,18 +97,6 @@ func (s *imageStore) pull(ctx context.Context, ref string) (*image, bool, error)
 	pulled := &image{ID: r.Context().Digest(desc.Digest.String()).String(), Root: root, Config: cf.Config, Size: size}
 	s.byRef[ref] = pulled
 	return pulled, !unpacked, nil
-}
-
-func pullSize(img v1.Image) (int64, error) {
-	m, err := img.Manifest()
-	if err != nil {
-		return 0, err
-	}
-	size := m.Config.Size
-	for _, l := range m.Layers {
-		size += l.Size
-	}
-	return size, nil
 }
 
 // unpack writes the image's flattened file system into root, readable by
@@ -144,10 +134,7 @@ func unpackEntry(root string, hdr *tar.Header, r io.Reader) error {
 	if err := os.MkdirAll(filepath.Dir(target), 0o755); err != nil {
 		return err
 	}
-	mode := os.FileMode(hdr.Mode & 0o777)
-	if hdr.Mode&0o1000 != 0 {
-		mode |= os.ModeSticky
-	}
+	mode := spillwayimage.FileMode(hdr.Mode)
 	switch hdr.Typeflag {
 	case tar.TypeDir:
 		if err := os.MkdirAll(target, 0o755); err != nil {
