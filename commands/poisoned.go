@@ -34,6 +34,7 @@ func poisonedFlags(verb string, o *poisonedOptions) *flag.FlagSet {
 	registerTableFlags(fs, &o.Database, &o.Pooling, &o.Table)
 	sel := &o.Request.Selector
 	fs.IntVar(&o.Request.MaxAttempts, "max-attempts", drainer.DefaultConfig().MaxAttempts, "the fleet's --max-attempts: a row with this many attempts is poisoned")
+	fs.DurationVar(&o.Request.Lease, "lease-ttl", drainer.DefaultConfig().LeaseTTL, "the fleet's --lease-ttl: a row claimed less than this ago is being published, and is left alone")
 	fs.Var(listFlag{&sel.IDs}, "id", "pick these row ids (repeatable, or comma-separated)")
 	fs.StringVar(&sel.LastErrorPattern, "last-error", "", `pick rows whose last_error matches this SQL LIKE pattern: % is any text, _ one character, \ escapes (case-sensitive)`)
 	fs.Var(timeFlag{&sel.EnqueuedSince}, "enqueued-since", "pick rows enqueued at or after this RFC 3339 time")
@@ -113,7 +114,7 @@ func runPoisoned(ctx context.Context, args []string, out io.Writer) error {
 		return errs.ToAggregate()
 	}
 	if verb == "list" || r.DryRun {
-		rows, err := outbox.ListPoisoned(ctx, pool, table, r.MaxAttempts, r.Selector)
+		rows, err := outbox.ListPoisoned(ctx, pool, table, r)
 		if err != nil {
 			return secret.RedactError(err, url)
 		}

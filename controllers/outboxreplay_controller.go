@@ -147,7 +147,7 @@ func (r *OutboxReplayReconciler) change(ctx context.Context, replay *v1alpha1.Ou
 	}
 	runCtx, cancel := context.WithTimeout(ctx, runTimeout)
 	defer cancel()
-	req := replayRequest(replay, od.Spec.MaxAttempts)
+	req := replayRequest(replay, od.Spec.MaxAttempts, od.Spec.LeaseTTL.Duration)
 	result, err := probe.Change(runCtx, r.APIReader, replay.Namespace, od.Spec.Database, req, r.Timeout)
 	if err != nil {
 		return fmt.Errorf("read the database Secret of OutboxDrainer %s/%s: %w", od.Namespace, od.Name, err)
@@ -162,7 +162,7 @@ func (r *OutboxReplayReconciler) change(ctx context.Context, replay *v1alpha1.Ou
 
 // replayRequest is the drainer's request for an OutboxReplay, less what
 // earlier runs of it changed already.
-func replayRequest(replay *v1alpha1.OutboxReplay, maxAttempts int32) outbox.PoisonedRequest {
+func replayRequest(replay *v1alpha1.OutboxReplay, maxAttempts int32, lease time.Duration) outbox.PoisonedRequest {
 	sel := replay.Spec.Selector
 	limit := int(sel.Limit)
 	if replay.Status.Changed != nil && !replay.Spec.DryRun {
@@ -182,6 +182,7 @@ func replayRequest(replay *v1alpha1.OutboxReplay, maxAttempts int32) outbox.Pois
 			Parked: sel.Parked, Limit: limit,
 		},
 		MaxAttempts: int(maxAttempts),
+		Lease:       lease,
 		DryRun:      replay.Spec.DryRun,
 	}
 }

@@ -70,6 +70,10 @@ type Config struct {
 	// exists to measure what overlapping claims with confirms buys; there is
 	// no flag for it.
 	SerialBatches bool
+	// LeaseInDueTime claims as Spillway did before its claims became
+	// heap-only (see outbox.ClaimParams). It exists for make bench's
+	// side-by-side of the two designs; there is no flag for it.
+	LeaseInDueTime bool
 }
 
 // Retention prunes old rows. A nil window keeps rows forever.
@@ -150,6 +154,7 @@ func (c Config) ClaimParams() outbox.ClaimParams {
 		LeaseMillis:     c.LeaseTTL.Milliseconds(),
 		MaxPayloadBytes: c.MaxPayloadBytes,
 		MaxClaimBytes:   c.MaxClaimBytes,
+		LeaseInDueTime:  c.LeaseInDueTime,
 	}
 }
 

@@ -335,7 +335,7 @@ func (d *Drainer) pruneLoop(ctx context.Context) {
 			}
 		}
 		if r.UnpublishedMaxAge != nil {
-			if n := d.prune(ctx, "unpublished", table.PruneUnpublished(*r.UnpublishedMaxAge, r.BatchSize)); n > 0 {
+			if n := d.prune(ctx, "unpublished", table.PruneUnpublished(*r.UnpublishedMaxAge, d.cfg.LeaseTTL, r.BatchSize)); n > 0 {
 				d.log.Warn("Dropped unpublished rows past retention.unpublishedMaxAge; they were never published",
 					"rows", n, "olderThan", r.UnpublishedMaxAge.String())
 			}
@@ -364,7 +364,7 @@ func (d *Drainer) shelveLoop(ctx context.Context) {
 	tick := time.NewTicker(spentShelveInterval)
 	defer tick.Stop()
 	for {
-		n, err := d.store.ShelveSpent(ctx, d.cfg.MaxAttempts, spentShelveBatch)
+		n, err := d.store.ShelveSpent(ctx, d.cfg.MaxAttempts, d.cfg.LeaseTTL, spentShelveBatch)
 		d.metrics.Shelved.Add(float64(n))
 		switch {
 		case err != nil && ctx.Err() == nil:

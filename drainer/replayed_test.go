@@ -16,13 +16,16 @@ import (
 // triageMaxAttempts is the poison threshold of the replay specs.
 const triageMaxAttempts = 5
 
+// triageLease is the lease the triage specs claim under.
+const triageLease = 30 * time.Second
+
 // replay replays the poisoned rows of spec that sel picks, as an
 // OutboxReplay does.
 func replay(ctx context.Context, spec outbox.TableSpec, sel outbox.PoisonedSelector) outbox.PoisonedChange {
 	t, err := outbox.ResolveOutbox(ctx, pool, spec)
 	Expect(err).NotTo(HaveOccurred())
 	done, err := outbox.ChangePoisoned(ctx, pool, t, outbox.PoisonedRequest{
-		Action: outbox.ActionReplay, Selector: sel, MaxAttempts: triageMaxAttempts, BatchSize: 2, StatementTimeout: 5 * time.Second,
+		Action: outbox.ActionReplay, Selector: sel, MaxAttempts: triageMaxAttempts, Lease: triageLease, BatchSize: 2, StatementTimeout: 5 * time.Second,
 	}, nil)
 	Expect(err).NotTo(HaveOccurred())
 	return done

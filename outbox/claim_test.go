@@ -164,11 +164,11 @@ var _ = Describe("The claim", Label(tier.DB), func() {
 		before := status()
 		Expect(before.Poisoned).To(Equal(int64(2_500)))
 
-		batch := store.Table().ShelveSpent(3, 1000)
+		batch := store.Table().ShelveSpent(3, time.Minute, 1000)
 		Expect(db.Exec(ctx, batch.SQL, batch.Args...)).To(Equal(int64(1000)), "one batch")
 		Expect(db.Count(ctx, spec.Name, "available_at = 'infinity' AND (parked_at IS NOT NULL OR (payload->>'spent')::int <= 900)")).To(Equal(1000),
 			"the oldest due first: the parked rows, then the spent rows by due time")
-		n, err := store.ShelveSpent(ctx, 3, 1000)
+		n, err := store.ShelveSpent(ctx, 3, time.Minute, 1000)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(n).To(Equal(int64(1_600)), "the rest of the spent rows and the parked rows, in batches")
 
@@ -177,7 +177,7 @@ var _ = Describe("The claim", Label(tier.DB), func() {
 		Expect(db.Count(ctx, spec.Name, "available_at <= now() AND published_at IS NULL")).To(Equal(50), "the live rows stay due")
 		Expect(db.Count(ctx, spec.Name, "attempts = 2 AND available_at > now() AND available_at < 'infinity'")).To(Equal(1000), "rows in backoff keep their due time")
 		Expect(status()).To(Equal(before), "the status counts the same rows as poisoned, parked and backlog")
-		n, err = store.ShelveSpent(ctx, 3, 1000)
+		n, err = store.ShelveSpent(ctx, 3, time.Minute, 1000)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(n).To(BeZero())
 	})

@@ -188,9 +188,9 @@ type PoisonedRow struct {
 	LastError string
 }
 
-// ListPoisoned lists the rows sel picks, oldest first.
-func ListPoisoned(ctx context.Context, db Querier, t *Table, maxAttempts int, sel PoisonedSelector) ([]PoisonedRow, error) {
-	stmt := t.SelectPoisoned(maxAttempts, sel)
+// ListPoisoned lists the rows r's selector picks, oldest first.
+func ListPoisoned(ctx context.Context, db Querier, t *Table, r PoisonedRequest) ([]PoisonedRow, error) {
+	stmt := t.SelectPoisoned(r)
 	rows, err := db.Query(ctx, stmt.SQL, stmt.Args...)
 	if err != nil {
 		return nil, fmt.Errorf("list poisoned rows of %s: %w", t.name, err)
@@ -216,6 +216,9 @@ type PoisonedRequest struct {
 	Selector PoisonedSelector
 	// MaxAttempts is the fleet's poison threshold.
 	MaxAttempts int
+	// Lease is the fleet's leaseTTL: a row claimed less than a lease ago is
+	// being published, and no selector picks it.
+	Lease time.Duration
 	// DryRun counts and lists the rows that would change, and changes none.
 	DryRun bool
 	// BatchSize bounds each statement (0: 1,000).
@@ -233,6 +236,9 @@ func (r PoisonedRequest) Validate(path *field.Path) field.ErrorList {
 	}
 	if r.MaxAttempts <= 0 {
 		errs = append(errs, field.Invalid(path.Child("maxAttempts"), r.MaxAttempts, "must be greater than 0"))
+	}
+	if r.Lease <= 0 {
+		errs = append(errs, field.Invalid(path.Child("leaseTTL"), r.Lease.String(), "must be greater than 0: the fleet's leaseTTL"))
 	}
 	if r.Action == ActionPark && r.Selector.Parked {
 		errs = append(errs, field.Invalid(path.Child("selector", "parked"), true, "park picks poisoned rows; parked rows are parked already"))
@@ -276,7 +282,7 @@ func ChangePoisoned(ctx context.Context, db TxStarter, t *Table, r PoisonedReque
 		return PoisonedChange{}, &InvalidSelectorError{Errs: errs}
 	}
 	var done PoisonedChange
-	count := t.CountPoisoned(r.MaxAttempts, r.Selector)
+	count := t.CountPoisoned(r)
 	err := inTx(ctx, db, r.StatementTimeout, func(tx pgx.Tx) error {
 		return tx.QueryRow(ctx, count.SQL, count.Args...).Scan(&done.Matched)
 	})
@@ -285,10 +291,10 @@ func ChangePoisoned(ctx context.Context, db TxStarter, t *Table, r PoisonedReque
 	}
 	done.Counted = true
 	if r.DryRun {
-		sample := r.Selector
-		sample.Limit = min(sample.Limit, MaxRecordedIDs)
+		sample := r
+		sample.Selector.Limit = min(sample.Selector.Limit, MaxRecordedIDs)
 		err := inTx(ctx, db, r.StatementTimeout, func(tx pgx.Tx) error {
-			rows, err := ListPoisoned(ctx, tx, t, r.MaxAttempts, sample)
+			rows, err := ListPoisoned(ctx, tx, t, sample)
 			for _, row := range rows {
 				done.IDs = append(done.IDs, row.ID)
 			}
@@ -305,9 +311,9 @@ func ChangePoisoned(ctx context.Context, db TxStarter, t *Table, r PoisonedReque
 			return done, err
 		}
 		size := min(batch, r.Selector.Limit-int(done.Changed))
-		stmt := t.ParkPoisoned(r.MaxAttempts, r.Selector, size)
+		stmt := t.ParkPoisoned(r, size)
 		if r.Action == ActionReplay {
-			stmt = t.ReplayPoisoned(r.MaxAttempts, r.Selector, size)
+			stmt = t.ReplayPoisoned(r, size)
 		}
 		var ids []string
 		err := inTx(ctx, db, r.StatementTimeout, func(tx pgx.Tx) error {

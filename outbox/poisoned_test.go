@@ -19,6 +19,9 @@ import (
 // triageMaxAttempts is the poison threshold of the triage specs.
 const triageMaxAttempts = 5
 
+// triageLease is the lease the triage specs claim under.
+const triageLease = 30 * time.Second
+
 // resolved is the live table of spec, as the triage resolves it.
 func resolved(ctx context.Context, spec outbox.TableSpec) *outbox.Table {
 	cols, err := outbox.Catalog(ctx, pool, spec)
@@ -30,7 +33,7 @@ func resolved(ctx context.Context, spec outbox.TableSpec) *outbox.Table {
 
 // listedIDs lists the rows sel picks, and returns their ids in order.
 func listedIDs(ctx context.Context, t *outbox.Table, sel outbox.PoisonedSelector) []string {
-	rows, err := outbox.ListPoisoned(ctx, pool, t, triageMaxAttempts, sel)
+	rows, err := outbox.ListPoisoned(ctx, pool, t, outbox.PoisonedRequest{MaxAttempts: triageMaxAttempts, Lease: triageLease, Selector: sel})
 	Expect(err).NotTo(HaveOccurred())
 	out := []string{}
 	for _, r := range rows {
@@ -42,7 +45,7 @@ func listedIDs(ctx context.Context, t *outbox.Table, sel outbox.PoisonedSelector
 // change runs a replay or park of the triage's threshold.
 func change(ctx context.Context, t *outbox.Table, action outbox.PoisonedAction, sel outbox.PoisonedSelector, dryRun bool) outbox.PoisonedChange {
 	done, err := outbox.ChangePoisoned(ctx, pool, t, outbox.PoisonedRequest{
-		Action: action, Selector: sel, MaxAttempts: triageMaxAttempts, DryRun: dryRun, BatchSize: 2, StatementTimeout: 5 * time.Second,
+		Action: action, Selector: sel, MaxAttempts: triageMaxAttempts, Lease: triageLease, DryRun: dryRun, BatchSize: 2, StatementTimeout: 5 * time.Second,
 	}, nil)
 	Expect(err).NotTo(HaveOccurred())
 	return done
@@ -196,7 +199,7 @@ var _ = Describe("Triage of poisoned rows", Label(tier.DB), func() {
 			claimed = append(claimed, r.ID)
 		}
 		Expect(claimed).To(ConsistOf(fresh))
-		shelved, err := store.ShelveSpent(ctx, triageMaxAttempts, 100)
+		shelved, err := store.ShelveSpent(ctx, triageMaxAttempts, time.Minute, 100)
 		Expect(err).NotTo(HaveOccurred())
 		Expect(shelved).To(Equal(int64(1)))
 		Expect(db.Count(ctx, spec.Name, "id = $1 AND available_at = 'infinity' AND claimed_by IS NULL AND parked_at IS NOT NULL", returned[0])).To(Equal(1))
@@ -204,7 +207,7 @@ var _ = Describe("Triage of poisoned rows", Label(tier.DB), func() {
 		// Retention of pending rows older than two hours drops the too-long
 		// ones, and keeps the parked ones, though they are older.
 		db.Exec(ctx, "UPDATE "+spec.Name+" SET enqueued_at = now() - interval '1 day' WHERE id::text = ANY($1)", returned)
-		prune := table.PruneUnpublished(2*time.Hour, 100)
+		prune := table.PruneUnpublished(2*time.Hour, time.Minute, 100)
 		Expect(db.Exec(ctx, prune.SQL, prune.Args...)).To(Equal(int64(3)))
 		Expect(db.Count(ctx, spec.Name, "id::text = ANY($1)", returned)).To(Equal(2))
 
@@ -254,7 +257,7 @@ var _ = Describe("Triage of poisoned rows", Label(tier.DB), func() {
 	DescribeTable("refuses a selector it cannot answer, naming the field, the value and the rule",
 		func(ctx SpecContext, action outbox.PoisonedAction, sel outbox.PoisonedSelector, want ...string) {
 			before := db.Snapshot(ctx, spec.Name, "true")
-			_, err := outbox.ChangePoisoned(ctx, pool, table, outbox.PoisonedRequest{Action: action, Selector: sel, MaxAttempts: triageMaxAttempts}, field.NewPath("spec"))
+			_, err := outbox.ChangePoisoned(ctx, pool, table, outbox.PoisonedRequest{Action: action, Selector: sel, MaxAttempts: triageMaxAttempts, Lease: triageLease}, field.NewPath("spec"))
 			Expect(err).To(HaveOccurred())
 			Expect(err).To(BeAssignableToTypeOf(&outbox.InvalidSelectorError{}))
 			for _, w := range want {
@@ -311,7 +314,7 @@ var _ = Describe("Triage of an adopted table", Label(tier.DB), func() {
 			{outbox.ActionReplay, outbox.PoisonedSelector{EnqueuedSince: &since, Limit: 10}, "selector.enqueuedSince: Invalid value"},
 			{outbox.ActionPark, selector(10), "database.columns.parkedAt: Not found: \"parked_at in " + name + ": where a parked row is marked; run spillway migrate, which adds it\""},
 		} {
-			_, err := outbox.ChangePoisoned(ctx, pool, t, outbox.PoisonedRequest{Action: c.action, Selector: c.sel, MaxAttempts: triageMaxAttempts}, nil)
+			_, err := outbox.ChangePoisoned(ctx, pool, t, outbox.PoisonedRequest{Action: c.action, Selector: c.sel, MaxAttempts: triageMaxAttempts, Lease: triageLease}, nil)
 			Expect(err).To(MatchError(ContainSubstring(c.want)))
 		}
 

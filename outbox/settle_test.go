@@ -53,7 +53,7 @@ var _ = Describe("Settling", Label(tier.DB), func() {
 		Expect(held.Rows).To(HaveLen(3))
 		// One row's lease expires and drainer-b takes it over.
 		taken := held.Rows[0].ID
-		db.Exec(ctx, "UPDATE "+spec.Name+" SET available_at = now() - interval '1 second' WHERE id::text = $1", taken)
+		db.Exec(ctx, "UPDATE "+spec.Name+" SET claimed_at = now() - interval '31 seconds', available_at = now() - interval '1 second' WHERE id::text = $1", taken)
 		other, err := store.Claim(ctx, suite.ClaimParams("drainer-b", 10))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(other.Rows).To(HaveLen(1))

@@ -426,8 +426,8 @@ func (s *Store) execBatches(ctx context.Context, stmt Statement, limit int) (int
 
 // ShelveSpent shelves, in batches of limit, the due rows that are not live
 // (see Table.ShelveSpent), and returns how many.
-func (s *Store) ShelveSpent(ctx context.Context, maxAttempts, limit int) (int64, error) {
-	total, err := s.execBatches(ctx, s.table.ShelveSpent(maxAttempts, limit), limit)
+func (s *Store) ShelveSpent(ctx context.Context, maxAttempts int, lease time.Duration, limit int) (int64, error) {
+	total, err := s.execBatches(ctx, s.table.ShelveSpent(maxAttempts, lease, limit), limit)
 	if err != nil {
 		return total, fmt.Errorf("shelve spent rows of %s: %w", s.table.Name(), err)
 	}

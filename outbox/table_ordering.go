@@ -189,7 +189,10 @@ func (t *Table) orderKeyOf(alias string) string {
 
 // claimInOrder renders the ordered claim: Claim, with the due rows that are
 // not their key's head sent to wait instead of claimed, or, when what holds
-// them back is being settled at that moment, left due (see stillHeld). Its
+// them back is being settled at that moment, left due (see stillHeld). It
+// keeps the lease in the due time too: the key lease index holds the claimed
+// rows by claimed_at, so no ordered claim can be heap-only, and a lease in
+// the due time keeps rows in flight out of the claim index's due range. Its
 // rows carry the key; and it returns a row even when it claimed none, with
 // a NULL id, so that the drainer learns how many due rows it read and how
 // many it left due.
@@ -204,7 +207,7 @@ func (t *Table) claimInOrder(p ClaimParams) Statement {
 	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[13]s AS size,
 		%[14]s AS okey, %[15]s AS oenq, %[2]s AS row_id
 	FROM %[1]s
-	WHERE %[5]s IS NULL AND %[3]s <= now() AND %[4]s
+	WHERE %[5]s IS NULL AND %[3]s <= now() AND %[4]s AND %[20]s
 	ORDER BY %[3]s
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
@@ -225,7 +228,7 @@ waiting AS (
 	WHERE %[18]s
 ),
 claimed AS (
-	UPDATE %[1]s AS o SET %[7]s = now(), %[8]s = $1, %[3]s = now() + $4 * interval '1 millisecond'
+	UPDATE %[1]s AS o SET %[21]s
 	FROM taken k
 	WHERE `+takenRows+`
 	RETURNING o.%[2]s::text AS id, o.tableoid AS toid, o.ctid AS tid, o.%[7]s AS token,
@@ -236,7 +239,8 @@ SELECT c.id, c.toid, c.tid, c.token, c.payload, c.size, c.routing_key, c.headers
 	(SELECT count(*) FROM live), (SELECT count(*) FROM scan),
 	(SELECT count(*) FROM due WHERE NOT head AND NOT waits)
 FROM (SELECT) one LEFT JOIN claimed c ON true`,
-		append(terms, q(t.order.key), enqueued, t.isHead("s", "$3"), waitingDue, locatedIn("due WHERE waits"), t.stillHeld("s", "$3"))...)
+		append(terms, q(t.order.key), enqueued, t.isHead("s", "$3"), waitingDue, locatedIn("due WHERE waits"), t.stillHeld("s", "$3"),
+			t.notLeased("$4"), strings.Join(t.stampLease(true), ", "))...)
 	return Statement{SQL: sql, Args: args}
 }
 

@@ -9,22 +9,22 @@ import (
 // This file holds the statements of the poisoned rows' triage: listing
 // them, and replaying or parking them (poisoned.go runs them).
 
-// poisonedScope renders the rows sel picks, its arguments appended to args:
-// pending rows that are poisoned (attempts >= maxAttempts, or due at
-// 'infinity', as the claim and the status define it) and not parked, or,
-// with sel.Parked, the parked rows. A row under a live lease, claimed and
-// due only when its lease ends, is never in scope: a drainer is publishing
-// it right now. The selector's criteria narrow the scope, never widen it,
-// so no selector reaches a published or a healthy pending row.
-func (t *Table) poisonedScope(maxAttempts int, sel PoisonedSelector, args []any) (string, []any) {
-	c := t.cols
+// poisonedScope renders the rows r's selector picks, its arguments appended
+// to args: pending rows that are poisoned (attempts >= the fleet's
+// maxAttempts, or due at 'infinity', as the claim and the status define it)
+// and not parked, or, with Parked, the parked rows. A row under a live lease
+// (see notLeased) is never in scope: a drainer is publishing it right now.
+// The selector's criteria narrow the scope, never widen it, so no selector
+// reaches a published or a healthy pending row.
+func (t *Table) poisonedScope(r PoisonedRequest, args []any) (string, []any) {
+	c, sel := t.cols, r.Selector
 	arg := func(v any) string {
 		args = append(args, v)
 		return "$" + strconv.Itoa(len(args))
 	}
 	where := []string{
 		q(c.PublishedAt) + " IS NULL",
-		fmt.Sprintf("(%s IS NULL OR %s <= now())", q(c.ClaimedBy), q(c.AvailableAt)),
+		t.notLeased(arg(r.Lease.Milliseconds())),
 	}
 	if sel.Parked {
 		where = append(where, q(c.ParkedAt)+" IS NOT NULL")
@@ -32,7 +32,7 @@ func (t *Table) poisonedScope(maxAttempts int, sel PoisonedSelector, args []any)
 		if c.ParkedAt != "" {
 			where = append(where, q(c.ParkedAt)+" IS NULL")
 		}
-		where = append(where, fmt.Sprintf("(%s >= %s OR %s = 'infinity')", q(c.Attempts), arg(maxAttempts), q(c.AvailableAt)))
+		where = append(where, fmt.Sprintf("(%s >= %s OR %s = 'infinity')", q(c.Attempts), arg(r.MaxAttempts), q(c.AvailableAt)))
 	}
 	if len(sel.IDs) > 0 {
 		// Cast from text, so one statement serves every id type; the ids
@@ -60,12 +60,12 @@ func (t *Table) poisonedOrder() string {
 	return q(t.cols.ID)
 }
 
-// SelectPoisoned renders the listing of the rows sel picks, at most its
+// SelectPoisoned renders the listing of the rows r picks, at most its
 // limit, oldest first: id, attempts, enqueued at, the last error cut at
 // maxCauseChars characters, and when the row was parked.
-func (t *Table) SelectPoisoned(maxAttempts int, sel PoisonedSelector) Statement {
+func (t *Table) SelectPoisoned(r PoisonedRequest) Statement {
 	c := t.cols
-	scope, args := t.poisonedScope(maxAttempts, sel, nil)
+	scope, args := t.poisonedScope(r, nil)
 	enqueuedAt, lastError, parkedAt := "NULL::timestamptz", "NULL::text", "NULL::timestamptz"
 	if c.EnqueuedAt != "" {
 		enqueuedAt = q(c.EnqueuedAt)
@@ -76,7 +76,7 @@ func (t *Table) SelectPoisoned(maxAttempts int, sel PoisonedSelector) Statement 
 	if c.ParkedAt != "" {
 		parkedAt = q(c.ParkedAt)
 	}
-	args = append(args, sel.Limit)
+	args = append(args, r.Selector.Limit)
 	return Statement{
 		SQL: fmt.Sprintf("SELECT %s::text, %s, %s, %s, %s\nFROM %s\nWHERE %s\nORDER BY %s\nLIMIT $%d",
 			q(c.ID), q(c.Attempts), enqueuedAt, lastError, parkedAt, t.ident, scope, t.poisonedOrder(), len(args)),
@@ -84,10 +84,10 @@ func (t *Table) SelectPoisoned(maxAttempts int, sel PoisonedSelector) Statement 
 	}
 }
 
-// CountPoisoned renders the count of the rows sel picks, up to its limit.
-func (t *Table) CountPoisoned(maxAttempts int, sel PoisonedSelector) Statement {
-	scope, args := t.poisonedScope(maxAttempts, sel, nil)
-	args = append(args, sel.Limit)
+// CountPoisoned renders the count of the rows r picks, up to its limit.
+func (t *Table) CountPoisoned(r PoisonedRequest) Statement {
+	scope, args := t.poisonedScope(r, nil)
+	args = append(args, r.Selector.Limit)
 	return Statement{
 		SQL:  fmt.Sprintf("SELECT count(*) FROM (SELECT 1 FROM %s WHERE %s LIMIT $%d) matched", t.ident, scope, len(args)),
 		Args: args,
@@ -98,7 +98,7 @@ func (t *Table) CountPoisoned(maxAttempts int, sel PoisonedSelector) Statement {
 // picks get their attempts, last error and lease reset, and go back to their
 // places in line (dueInLine), so the fleet publishes them again in the
 // order they were enqueued; a parked row is unparked.
-func (t *Table) ReplayPoisoned(maxAttempts int, sel PoisonedSelector, batch int) Statement {
+func (t *Table) ReplayPoisoned(r PoisonedRequest, batch int) Statement {
 	c := t.cols
 	set := []string{
 		q(c.Attempts) + " = 0",
@@ -112,16 +112,16 @@ func (t *Table) ReplayPoisoned(maxAttempts int, sel PoisonedSelector, batch int)
 	if c.ParkedAt != "" {
 		set = append(set, q(c.ParkedAt)+" = NULL")
 	}
-	return t.changePoisoned(maxAttempts, sel, batch, set)
+	return t.changePoisoned(r, batch, set)
 }
 
 // ParkPoisoned renders one batch of parking: up to batch rows that sel
 // picks are stamped parked_at and due at 'infinity', so no claim reaches
 // them and the status counts them apart; attempts and last error stay, for
 // whoever looks at them later.
-func (t *Table) ParkPoisoned(maxAttempts int, sel PoisonedSelector, batch int) Statement {
+func (t *Table) ParkPoisoned(r PoisonedRequest, batch int) Statement {
 	c := t.cols
-	return t.changePoisoned(maxAttempts, sel, batch, []string{
+	return t.changePoisoned(r, batch, []string{
 		q(c.ParkedAt) + " = now()",
 		q(c.AvailableAt) + " = 'infinity'",
 		q(c.ClaimedAt) + " = NULL",
@@ -136,8 +136,8 @@ func (t *Table) ParkPoisoned(maxAttempts int, sel PoisonedSelector, batch int) S
 // partitioned outbox changes no row of another partition. Clearing the
 // lease also voids any settle still in flight for an expired one: settles
 // are fenced on claimed_by and claimed_at. It returns the ids it changed.
-func (t *Table) changePoisoned(maxAttempts int, sel PoisonedSelector, batch int, set []string) Statement {
-	scope, args := t.poisonedScope(maxAttempts, sel, nil)
+func (t *Table) changePoisoned(r PoisonedRequest, batch int, set []string) Statement {
+	scope, args := t.poisonedScope(r, nil)
 	args = append(args, batch)
 	return Statement{
 		SQL: fmt.Sprintf(`WITH picked AS MATERIALIZED (

@@ -163,19 +163,21 @@ func (t *Table) unclaim() []string {
 // container inherits its pod name, and its predecessor's claims are no
 // longer in flight), at shutdown, and after a claim whose result was lost
 // (it may have committed); and by the operator, for a drainer it knows is
-// dead. A held row is due when its lease ends, within a lease from now, so
-// the look-up reads only that stretch of the claim index. The rows are due
-// first, as Release's are.
+// dead. A claim is held for a lease from its claim time, whichever way it
+// was claimed (see Claim). No index holds the claimed rows (one would make
+// every claim write an entry in it), so the look-up reads the pending rows,
+// through the claim index where that is cheaper than the table; it runs
+// once per drainer start and stop. The rows are due first, as Release's are.
 func (t *Table) ReleaseHeld(drainerID string, lease time.Duration, keep []time.Time) Statement {
 	c := t.cols
 	if keep == nil {
 		keep = []time.Time{} // NULL would make <> ALL unknown, and release nothing
 	}
 	return Statement{
-		SQL: fmt.Sprintf(`UPDATE %[1]s SET %[6]s
-WHERE %[3]s = $1 AND %[5]s IS NULL AND %[4]s > now() AND %[4]s <= now() + $2 * interval '1 millisecond'
+		SQL: fmt.Sprintf(`UPDATE %[1]s SET %[5]s
+WHERE %[3]s = $1 AND %[4]s IS NULL AND %[2]s > now() - $2 * interval '1 millisecond'
 	AND %[2]s <> ALL($3::timestamptz[])`,
-			t.ident, q(c.ClaimedAt), q(c.ClaimedBy), q(c.AvailableAt), q(c.PublishedAt), strings.Join(t.unclaim(), ", ")),
+			t.ident, q(c.ClaimedAt), q(c.ClaimedBy), q(c.PublishedAt), strings.Join(t.unclaim(), ", ")),
 		Args: []any{drainerID, lease.Milliseconds(), keep},
 	}
 }
@@ -188,18 +190,17 @@ func (t *Table) PrunePublished(window time.Duration, limit int) Statement {
 }
 
 // PruneUnpublished renders one bounded batch of dropping pending rows older
-// than maxAge, by enqueued_at. A row under a live lease (claimed, and due
-// only when the lease ends) is being published right now and is left to its
-// drainer.
-func (t *Table) PruneUnpublished(maxAge time.Duration, limit int) Statement {
+// than maxAge, by enqueued_at. A row under a live lease (see notLeased; lease
+// is the fleet's) is being published right now and is left to its drainer.
+func (t *Table) PruneUnpublished(maxAge, lease time.Duration, limit int) Statement {
 	c := t.cols
-	where := fmt.Sprintf("%s IS NULL AND %s < now() - $1 * interval '1 millisecond' AND (%s IS NULL OR %s <= now())",
-		q(c.PublishedAt), q(c.EnqueuedAt), q(c.ClaimedBy), q(c.AvailableAt))
+	where := fmt.Sprintf("%s IS NULL AND %s < now() - $1 * interval '1 millisecond' AND %s",
+		q(c.PublishedAt), q(c.EnqueuedAt), t.notLeased("$3"))
 	if c.ParkedAt != "" {
 		// A parked row was kept on purpose, for a later replay or export.
 		where += " AND " + q(c.ParkedAt) + " IS NULL"
 	}
-	return t.prune(where, []any{maxAge.Milliseconds(), limit})
+	return t.prune(where, []any{maxAge.Milliseconds(), limit, lease.Milliseconds()})
 }
 
 // prune deletes at most $2 rows matching where, found again by table oid and

@@ -106,10 +106,11 @@ type scenario struct {
 
 // run is one run's figures.
 type run struct {
-	rate   float64
-	cpu    cpuUse
-	wal    walUse
-	events int
+	rate     float64
+	cpu      cpuUse
+	wal      walUse
+	events   int
+	sessions sessionShares // of a drain
 }
 
 func (s *scenario) add(r run) {
