@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"log"
 	"strings"
@@ -15,6 +16,8 @@ import (
 // The design section: what relaying an event costs the application's
 // database, set beside what writing it cost the application, for the
 // earlier design and today's, on the same rows, in one run.
+
+var designDrainers = flag.Int("design-drainers", 1, "drainers of the design section's drains")
 
 // design is one way of draining: a name and what it changes in the
 // drainer's defaults.
@@ -70,8 +73,8 @@ func (b *bench) designs(ctx context.Context) []string {
 	}
 	c := ceiling.rate()
 	fmt.Printf("\ndesign: what relaying an event costs the database, against the application's insert of it: %d events of %d bytes inserted by one statement, "+
-		"then drained by one drainer at the defaults (batch %d, depth %d); medians of %d rounds for CPU and throughput\n",
-		*events, *payloadBytes, *batchSize, *depth, *rounds)
+		"then drained by %d drainer(s) at the defaults (batch %d, depth %d); medians of %d rounds for CPU and throughput\n",
+		*events, *payloadBytes, *designDrainers, *batchSize, *depth, *rounds)
 	fmt.Printf("  %-52s %21s %9s %8s %18s %7s %8s\n", "", "Postgres CPU µs/event", "WAL", "full", "pages changed/1k", "dead", "÷")
 	fmt.Printf("  %-52s %7s %6s %6s %9s %8s %9s %8s %7s %8s\n", "", "session", "rest", "total", "B/event", "pages B", "heap", "index", "/event", "ceiling")
 	insert := medianCost(inserts, 0)
@@ -147,7 +150,7 @@ func (b *bench) designRun(ctx context.Context, d design) (insert, drain designCo
 
 	b.exec(ctx, "ANALYZE "+spec.Name)
 	drainStart := b.lsn(ctx)
-	r := b.drain(ctx, spec, 1, d.tweak)
+	r := b.drain(ctx, spec, *designDrainers, d.tweak)
 	drain = b.walCost(ctx, drainStart, b.lsn(ctx))
 	drain.drainers, drain.rest = perEventµs(r.sessions.drainers), perEventµs(r.cpu.seconds[groupDatabase]-r.sessions.drainers)
 	drain.dead, drain.ofCeiling = b.deadTuples(ctx, spec.Name), r.rate
