@@ -52,6 +52,8 @@ const benchLock = 0x5b111_be7c
 
 type bench struct {
 	pool *pgxpool.Pool
+	// dbURL is pool's database, for the drainers.
+	dbURL string
 	conn *amqp.Connection
 	ch   *amqp.Channel
 	topo testenv.Topology
@@ -77,7 +79,7 @@ func main() {
 		log.Fatal(err)
 	}
 	defer services.Close()
-	b := &bench{pool: services.DB, conn: services.Broker}
+	b := &bench{pool: services.DB, dbURL: testenv.DatabaseURL(), conn: services.Broker}
 	if b.ch, err = b.conn.Channel(); err != nil {
 		log.Fatal(err)
 	}
@@ -309,7 +311,7 @@ func (b *bench) newFleet(ctx context.Context, spec outbox.TableSpec, n int, twea
 	for i := range n {
 		cfg := drainer.DefaultConfig()
 		cfg.DrainerID = fmt.Sprintf("bench-%d", i)
-		cfg.Database.URL, cfg.Broker.URL, cfg.Broker.Exchange = testenv.DatabaseURL(), testenv.BrokerURL(), b.topo.Exchange
+		cfg.Database.URL, cfg.Broker.URL, cfg.Broker.Exchange = b.dbURL, testenv.BrokerURL(), b.topo.Exchange
 		cfg.Table, cfg.BatchSize, cfg.PipelineDepth = spec, *batchSize, *depth
 		cfg.LeaseTTL = max(cfg.LeaseTTL, drainer.MinLeaseTTL(*depth))
 		if tweak != nil {

@@ -34,16 +34,25 @@ func Script(args ...string) (string, error) {
 // or is empty: a suite skips its specs then, unless CI=true, where a
 // missing piece fails the run.
 func Missing() string {
-	if _, err := exec.LookPath("pg_createcluster"); err != nil {
-		return "postgresql-common is not installed: the database fault specs create a primary and a replica with pg_createcluster"
-	}
-	if _, err := os.Stat("/usr/lib/postgresql/15/bin/pg_basebackup"); err != nil {
-		return "PostgreSQL 15 is not installed: the database fault specs need its server binaries"
+	if missing := MissingServers(); missing != "" {
+		return missing
 	}
 	if _, err := exec.LookPath("pgbouncer"); err != nil {
 		if _, err := os.Stat("/usr/sbin/pgbouncer"); err != nil {
 			return "PgBouncer is not installed: the pooler specs start one (apt-get install pgbouncer; make test installs it)"
 		}
+	}
+	return ""
+}
+
+// MissingServers says why the primary and the replica cannot run here, or
+// is empty.
+func MissingServers() string {
+	if _, err := exec.LookPath("pg_createcluster"); err != nil {
+		return "postgresql-common is not installed: the database fault specs create a primary and a replica with pg_createcluster"
+	}
+	if _, err := os.Stat("/usr/lib/postgresql/15/bin/pg_basebackup"); err != nil {
+		return "PostgreSQL 15 is not installed: the database fault specs need its server binaries"
 	}
 	return ""
 }
