@@ -62,7 +62,7 @@ var _ = Describe("The claim", Label(tier.DB), func() {
 			Expect(pool.QueryRow(ctx, "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relid = $1::regclass", spec.Name).Scan(&all, &hot)).To(Succeed())
 			return []int64{all, hot}
 		}
-		Eventually(func() int64 { return updates()[0] }).WithTimeout(30*time.Second).WithPolling(200*time.Millisecond).Should(Equal(int64(500)))
+		Eventually(func() int64 { return updates()[0] }).WithTimeout(30 * time.Second).WithPolling(200 * time.Millisecond).Should(Equal(int64(500)))
 		// The claim that wrote the lease into the due time made none
 		// heap-only. A page whose rows are small holds more of them than
 		// half of it can take new versions of, hence not every one.

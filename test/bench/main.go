@@ -54,9 +54,9 @@ type bench struct {
 	pool *pgxpool.Pool
 	// dbURL is pool's database, for the drainers.
 	dbURL string
-	conn *amqp.Connection
-	ch   *amqp.Channel
-	topo testenv.Topology
+	conn  *amqp.Connection
+	ch    *amqp.Channel
+	topo  testenv.Topology
 	// memory is a topology the broker keeps off its disk, for telling the
 	// broker's part of a figure from the database's.
 	memory testenv.Topology
