@@ -39,14 +39,15 @@ var designs = []design{
 // designCost is what one stretch (the insert, or a drain) cost the
 // database, per event.
 type designCost struct {
-	// drainers is the CPU of the sessions that did the work (the
-	// application's for the insert); rest, that of the database's own
-	// processes meanwhile (autovacuum, the WAL writer, the checkpointer).
-	drainers, rest   float64 // µs
+	// sessions is the CPU of the sessions that did the work (the
+	// application's for the insert, the drainers' for a drain); rest, that
+	// of the database's own processes meanwhile (autovacuum, the WAL
+	// writer, the checkpointer).
+	sessions, rest   float64 // µs
 	wal, fullPages   float64 // bytes
 	heapPages, index float64 // distinct pages changed, per 1,000 events
 	dead             float64 // dead tuples left at the end, per event
-	ofCeiling        float64 // throughput ÷ the broker's ceiling
+	rate             float64 // a drain's events/s
 	records          string  // the WAL by record type
 }
 
@@ -71,18 +72,17 @@ func (b *bench) designs(ctx context.Context) []string {
 			inserts, drains[i] = append(inserts, insert), append(drains[i], drain)
 		}
 	}
-	c := ceiling.rate()
 	fmt.Printf("\ndesign: what relaying an event costs the database, against the application's insert of it: %d events of %d bytes inserted by one statement, "+
 		"then drained by %d drainer(s) at the defaults (batch %d, depth %d); medians of %d rounds for CPU and throughput\n",
 		*events, *payloadBytes, *designDrainers, *batchSize, *depth, *rounds)
 	fmt.Printf("  %-52s %21s %9s %8s %18s %7s %8s\n", "", "Postgres CPU µs/event", "WAL", "full", "pages changed/1k", "dead", "÷")
 	fmt.Printf("  %-52s %7s %6s %6s %9s %8s %9s %8s %7s %8s\n", "", "session", "rest", "total", "B/event", "pages B", "heap", "index", "/event", "ceiling")
-	insert := medianCost(inserts, 0)
-	insert.print("the application's insert (reference)")
+	insert := medianCost(inserts)
+	insert.print("the application's insert (reference)", 0)
 	today := designCost{}
 	for i, d := range designs {
-		cost := medianCost(drains[i], c)
-		cost.print(d.what)
+		cost := medianCost(drains[i])
+		cost.print(d.what, ceiling.rate())
 		if d.tweak == nil {
 			today = cost
 		}
@@ -95,24 +95,26 @@ func (b *bench) designs(ctx context.Context) []string {
 	return []string{
 		target("Postgres CPU of a drain at the defaults ≤ the insert's", fmt.Sprintf("%.1f µs against %.1f µs", today.total(), insert.total()), today.total() <= insert.total()),
 		target("WAL per event of a drain at the defaults ≤ the insert's", fmt.Sprintf("%.0f B against %.0f B", today.wal, insert.wal), today.wal <= insert.wal),
-		target("1 drainer at the defaults ≥ 0.9 × ceiling", fmt.Sprintf("%.2f", today.ofCeiling), today.ofCeiling >= 0.9),
+		target("1 drainer at the defaults ≥ 0.9 × ceiling", fmt.Sprintf("%.2f", today.rate/ceiling.rate()), today.rate >= 0.9*ceiling.rate()),
 	}
 }
 
-func (c designCost) total() float64 { return c.drainers + c.rest }
+func (c designCost) total() float64 { return c.sessions + c.rest }
 
-func (c designCost) print(what string) {
-	ceiling := "-"
-	if c.ofCeiling > 0 {
-		ceiling = fmt.Sprintf("%.2f", c.ofCeiling)
+// print prints the cost's line, with its rate as a share of ceiling (0:
+// none, for the insert).
+func (c designCost) print(what string, ceiling float64) {
+	share := "-"
+	if ceiling > 0 {
+		share = fmt.Sprintf("%.2f", c.rate/ceiling)
 	}
 	fmt.Printf("  %-52s %7.1f %6.1f %6.1f %9.0f %8.0f %9.1f %8.1f %7.2f %8s\n",
-		what, c.drainers, c.rest, c.total(), c.wal, c.fullPages, c.heapPages, c.index, c.dead, ceiling)
+		what, c.sessions, c.rest, c.total(), c.wal, c.fullPages, c.heapPages, c.index, c.dead, share)
 }
 
 // medianCost takes the CPU and throughput of runs as medians, the rest as
-// the last run has it; ceiling turns a rate into its share (0: none).
-func medianCost(runs []designCost, ceiling float64) designCost {
+// the last run has it.
+func medianCost(runs []designCost) designCost {
 	pick := func(f func(designCost) float64) float64 {
 		xs := make([]float64, len(runs))
 		for i, r := range runs {
@@ -121,10 +123,8 @@ func medianCost(runs []designCost, ceiling float64) designCost {
 		return median(xs)
 	}
 	out := runs[len(runs)-1]
-	out.drainers, out.rest = pick(func(r designCost) float64 { return r.drainers }), pick(func(r designCost) float64 { return r.rest })
-	if ceiling > 0 {
-		out.ofCeiling = pick(func(r designCost) float64 { return r.ofCeiling }) / ceiling
-	}
+	out.sessions, out.rest = pick(func(r designCost) float64 { return r.sessions }), pick(func(r designCost) float64 { return r.rest })
+	out.rate = pick(func(r designCost) float64 { return r.rate })
 	return out
 }
 
@@ -139,21 +139,19 @@ func (b *bench) designRun(ctx context.Context, d design) (insert, drain designCo
 	b.exec(ctx, "CHECKPOINT")
 	quiesce("design insert")
 	start, watch := b.lsn(ctx), startWatch(b.pool)
-	pad := strings.Repeat("x", max(*payloadBytes-25, 0))
-	b.exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload)
-		SELECT 'bench.event', jsonb_build_object('n', g, 'pad', $2::text) FROM generate_series(1, $1) g`, *events, pad)
+	b.insertEvents(ctx, spec.Name, *events)
 	shares, use := watch.databaseShares(), watch.stop(*events).cpu
 	inserted := b.lsn(ctx)
 	insert = b.walCost(ctx, start, inserted)
-	insert.drainers, insert.rest = perEventµs(shares.clients), perEventµs(use.seconds[groupDatabase]-shares.clients)
+	insert.sessions, insert.rest = perEventµs(shares.clients), perEventµs(use.seconds[groupDatabase]-shares.clients)
 	insert.dead = b.deadTuples(ctx, spec.Name)
 
 	b.exec(ctx, "ANALYZE "+spec.Name)
 	drainStart := b.lsn(ctx)
 	r := b.drain(ctx, spec, *designDrainers, d.tweak)
 	drain = b.walCost(ctx, drainStart, b.lsn(ctx))
-	drain.drainers, drain.rest = perEventµs(r.sessions.drainers), perEventµs(r.cpu.seconds[groupDatabase]-r.sessions.drainers)
-	drain.dead, drain.ofCeiling = b.deadTuples(ctx, spec.Name), r.rate
+	drain.sessions, drain.rest = perEventµs(r.sessions.drainers), perEventµs(r.cpu.seconds[groupDatabase]-r.sessions.drainers)
+	drain.dead, drain.rate = b.deadTuples(ctx, spec.Name), r.rate
 	return insert, drain
 }
 

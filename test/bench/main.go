@@ -248,17 +248,23 @@ func (b *bench) outbox(ctx context.Context) outbox.TableSpec {
 // hour, a poisoned row never, as the drainer's failure settle leaves them.
 func (b *bench) seed(ctx context.Context, spec outbox.TableSpec, pending, stale int) {
 	b.exec(ctx, "TRUNCATE "+spec.Name)
-	pad := strings.Repeat("x", max(*payloadBytes-25, 0))
 	if stale > 0 {
+		pad := strings.Repeat("x", max(*payloadBytes-25, 0))
 		b.exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, enqueued_at, attempts, available_at)
 			SELECT 'bench.event', jsonb_build_object('n', g, 'pad', $2::text), now() - interval '1 day',
 			       CASE WHEN g % 2 = 0 THEN 10 ELSE 3 END,
 			       CASE WHEN g % 2 = 0 THEN 'infinity'::timestamptz ELSE now() + interval '1 hour' END
 			FROM generate_series(1, $1) g`, 2*stale, pad)
 	}
-	b.exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload)
-		SELECT 'bench.event', jsonb_build_object('n', g, 'pad', $2::text) FROM generate_series(1, $1) g`, pending, pad)
+	b.insertEvents(ctx, spec.Name, pending)
 	b.exec(ctx, "VACUUM ANALYZE "+spec.Name)
+}
+
+// insertEvents inserts n pending rows of the configured payload size into
+// table by one statement, as the application's transactions would.
+func (b *bench) insertEvents(ctx context.Context, table string, n int) {
+	b.exec(ctx, `INSERT INTO `+table+` (event_type, payload)
+		SELECT 'bench.event', jsonb_build_object('n', g, 'pad', $2::text) FROM generate_series(1, $1) g`, n, strings.Repeat("x", max(*payloadBytes-25, 0)))
 }
 
 // drain runs n drainer processes' worth of drainers, each with its own pool,
