@@ -47,6 +47,10 @@ type outcome struct {
 	kind   outcomeKind
 	reason string // metric label, for failed and released
 	detail string // last_error, for failed
+	// retryAfter and poison are what the far end asked of a failed row's
+	// next attempt (see sink.Outcome).
+	retryAfter time.Duration
+	poison     bool
 }
 
 // batch is one claim's rows and, once confirmed, their outcomes. After a row

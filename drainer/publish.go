@@ -117,7 +117,7 @@ func (d *Drainer) classify(e inflight, timedOut string) outcome {
 	d.strikes.clear(e.batch.claim.Rows[e.index].ID)
 	d.metrics.ConfirmLatency.Observe(time.Since(e.publishedAt).Seconds())
 	if o.Kind == sink.Refused {
-		return outcome{kind: failed, reason: o.Reason, detail: o.Detail}
+		return outcome{kind: failed, reason: o.Reason, detail: o.Detail, retryAfter: o.RetryAfter, poison: o.Poison}
 	}
 	return outcome{kind: published}
 }

@@ -64,7 +64,7 @@ func settlementOf(group []*batch, skip bool) outbox.Settlement {
 				st.Published = append(st.Published, lease)
 			case failed:
 				st.Failed = append(st.Failed, lease)
-				st.Reasons = append(st.Reasons, secret.Truncate(o.detail, maxLastErrorLength))
+				st.Failures = append(st.Failures, outbox.Failure{Reason: secret.Truncate(o.detail, maxLastErrorLength), RetryAfter: o.retryAfter, Poison: o.poison})
 			case released:
 				st.Released = append(st.Released, lease)
 			}

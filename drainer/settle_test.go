@@ -14,8 +14,8 @@ var _ = Describe("A settlement", func() {
 		b := &batch{claim: outbox.Claimed{Rows: []outbox.Row{{ID: "1"}}},
 			outcomes: []outcome{{kind: failed, reason: reasonConnectionFailures, detail: strings.Repeat("é", 3000)}}}
 		st := settlementOf([]*batch{b}, false)
-		Expect(st.Reasons).To(HaveLen(1))
-		Expect(len(st.Reasons[0])).To(BeNumerically("<=", maxLastErrorLength+len("…")))
-		Expect(strings.ToValidUTF8(st.Reasons[0], "?")).To(Equal(st.Reasons[0]))
+		Expect(st.Failures).To(HaveLen(1))
+		Expect(len(st.Failures[0].Reason)).To(BeNumerically("<=", maxLastErrorLength+len("…")))
+		Expect(strings.ToValidUTF8(st.Failures[0].Reason, "?")).To(Equal(st.Failures[0].Reason))
 	})
 })

@@ -174,7 +174,7 @@ var _ = Describe("Per-key ordering", Label(tier.DB), func() {
 		c, err := store.Claim(ctx, suite.ClaimParams("drainer-a", 10))
 		Expect(err).NotTo(HaveOccurred())
 		Expect(seqs(ctx, spec.Name, c)).To(Equal([]string{"k0/1", "k1/1"}))
-		_, err = store.Settle(ctx, "drainer-a", outbox.Settlement{Failed: c.Leases()[:1], Reasons: []string{"returned"},
+		_, err = store.Settle(ctx, "drainer-a", outbox.Settlement{Failed: c.Leases()[:1], Failures: []outbox.Failure{{Reason: "returned"}},
 			Published: c.Leases()[1:], Advanced: []string{"k1"}}, policy)
 		Expect(err).NotTo(HaveOccurred())
 
@@ -210,7 +210,7 @@ var _ = Describe("Per-key ordering", Label(tier.DB), func() {
 		Expect(seqs(ctx, spec.Name, c)).To(Equal([]string{"k0/1"}))
 		// As a drainer settles a failure under skip: its first poisons it,
 		// and its key's next row goes.
-		failure := outbox.Settlement{Failed: c.Leases(), Reasons: []string{"returned"}, Advanced: []string{"k0"}}
+		failure := outbox.Settlement{Failed: c.Leases(), Failures: []outbox.Failure{{Reason: "returned"}}, Advanced: []string{"k0"}}
 		_, err = store.Settle(ctx, "drainer-a", failure, outbox.FailurePolicy{InitialMillis: 1000, MaxMillis: 1000, MaxAttempts: 1})
 		Expect(err).NotTo(HaveOccurred())
 		Expect(db.Count(ctx, spec.Name, "available_at = 'infinity' AND attempts = 1")).To(Equal(1), "poisoned at its first failure")

@@ -93,7 +93,7 @@ func expectPlans(ctx context.Context, spec outbox.TableSpec, settlesFind string)
 		"claim":     t.Claim(suite.ClaimParams("d", 100)),
 		"published": t.MarkPublished("d", leases),
 		"deleted":   t.DeletePublished("d", leases),
-		"failed":    t.RecordFailures("d", leases, []string{"x"}, policy),
+		"failed":    t.RecordFailures("d", leases, []outbox.Failure{{Reason: "x"}}, policy),
 		"released":  t.Release("d", leases),
 		"held":      t.ReleaseHeld("d", 30*time.Second, nil),
 	} {

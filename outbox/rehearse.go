@@ -61,6 +61,6 @@ func (t *Table) Rehearsal(maxAttempts int) []NamedStatement {
 	return []NamedStatement{
 		explain(StatementClaim, t.Claim(claim)),
 		explain(StatementSettle, t.MarkPublished(drainer, nil)),
-		explain(StatementSettle, t.RecordFailures(drainer, nil, []string{}, FailurePolicy{InitialMillis: 1, MaxMillis: 1, MaxAttempts: maxAttempts})),
+		explain(StatementSettle, t.RecordFailures(drainer, nil, []Failure{}, FailurePolicy{InitialMillis: 1, MaxMillis: 1, MaxAttempts: maxAttempts})),
 	}
 }

@@ -270,7 +270,7 @@ func collectOrderedClaim(rows pgx.Rows) (Claimed, error) {
 type Settlement struct {
 	Published []Lease
 	Failed    []Lease
-	Reasons   []string // one per Failed lease
+	Failures  []Failure // one per Failed lease
 	Released  []Lease
 	// Advanced are the ordering keys whose head this settle publishes (or,
 	// under skip, poisons): each key's next row may go.
@@ -310,7 +310,7 @@ func (s *Store) settle(ctx context.Context, drainerID string, st Settlement, f F
 		stmts, counts = append(stmts, mark(drainerID, st.Published)), append(counts, &done.Published)
 	}
 	if len(st.Failed) > 0 {
-		stmts, counts = append(stmts, s.table.RecordFailures(drainerID, st.Failed, st.Reasons, f)), append(counts, &done.Failed)
+		stmts, counts = append(stmts, s.table.RecordFailures(drainerID, st.Failed, st.Failures, f)), append(counts, &done.Failed)
 	}
 	if len(st.Released) > 0 {
 		stmts, counts = append(stmts, s.table.Release(drainerID, st.Released)), append(counts, &done.Released)

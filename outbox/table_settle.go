@@ -48,16 +48,23 @@ func leaseIDs(leases []Lease) []string {
 
 // settle renders one settle statement: set applies to the rows of leases
 // that this drainer still holds under the same claim. args follow the
-// drainer ID as $5...; reasons, when given, ride along with each lease as
-// s.reason. Each lease finds its own row (see heldUnder): a condition on all
+// drainer ID as $5...; perRow, when given, ride along with each lease as
+// s.<name>. Each lease finds its own row (see heldUnder): a condition on all
 // the ctids at once (ctid = ANY) turned the join into a comparison of every
 // row with every lease, quadratic in the batch.
-func (t *Table) settle(drainerID string, leases []Lease, set []string, reasons []string, args ...any) Statement {
-	from, where, all := t.heldUnder(drainerID, leases, reasons, args)
+func (t *Table) settle(drainerID string, leases []Lease, set []string, perRow []rowValues, args ...any) Statement {
+	from, where, all := t.heldUnder(drainerID, leases, perRow, args)
 	return Statement{
 		SQL:  fmt.Sprintf("UPDATE %s AS o SET %s\nFROM %s\nWHERE %s", t.ident, strings.Join(set, ", "), from, where),
 		Args: all,
 	}
+}
+
+// rowValues is one value per lease that a settle unnests beside the leases,
+// as s.name of type sqlType.
+type rowValues struct {
+	name, sqlType string
+	values        any
 }
 
 // heldUnder is what every settle shares: the leases unnested (aliased s),
@@ -78,20 +85,19 @@ func (t *Table) settle(drainerID string, leases []Lease, set []string, reasons [
 // pending rows matches: planned while the table was new and small (see
 // ConnectPool), a settle read every pending row of the drainer's through
 // the claim index rather than look up its own.
-func (t *Table) heldUnder(drainerID string, leases []Lease, reasons []string, args []any) (from, where string, all []any) {
+func (t *Table) heldUnder(drainerID string, leases []Lease, perRow []rowValues, args []any) (from, where string, all []any) {
 	tables, tids, tokens := leaseArgs(leases)
 	all = append([]any{tables, tids, tokens, drainerID}, args...)
 	arrays, columns := "$1::oid[], $2::tid[], $3::timestamptz[]", "toid, tid, token"
-	if reasons != nil {
-		all = append(all, reasons)
-		arrays, columns = arrays+fmt.Sprintf(", $%d::text[]", len(all)), columns+", reason"
-	}
 	c := t.cols
 	located := "o.tableoid = s.toid AND o.ctid = s.tid"
 	if t.settleByID {
-		all = append(all, leaseIDs(leases))
-		arrays, columns = arrays+fmt.Sprintf(", $%d::text[]", len(all)), columns+", id"
+		perRow = append(perRow, rowValues{"id", "text", leaseIDs(leases)})
 		located = fmt.Sprintf("o.%s = s.id::%s AND o.tableoid = s.toid AND (o.ctid = s.tid) IS TRUE", q(c.ID), t.idType)
+	}
+	for _, r := range perRow {
+		all = append(all, r.values)
+		arrays, columns = arrays+fmt.Sprintf(", $%d::%s[]", len(all), r.sqlType), columns+", "+r.name
 	}
 	from = fmt.Sprintf("unnest(%s) AS s(%s)", arrays, columns)
 	where = fmt.Sprintf("%s\n\tAND o.%s = $4 AND o.%s = s.token AND (o.%s IS NULL) IS TRUE",
@@ -121,25 +127,52 @@ type FailurePolicy struct {
 	MaxAttempts              int
 }
 
+// Failure is why one row failed, and what the far end asked of its next
+// attempt.
+type Failure struct {
+	// Reason is stored in last_error.
+	Reason string
+	// RetryAfter is the least wait before the next attempt that the far end
+	// asked for (a webhook's Retry-After): the row waits for the longer of
+	// it and the policy's delay, and never longer than the policy's most.
+	RetryAfter time.Duration
+	// Poison: the far end says the row will never be taken (a webhook's
+	// 410 Gone, where that poisons): the row is poisoned at once.
+	Poison bool
+}
+
+// failureValues are the failures as the per-row arrays RecordFailures
+// unnests.
+func failureValues(failures []Failure) []rowValues {
+	reasons, after, poison := make([]string, len(failures)), make([]int64, len(failures)), make([]bool, len(failures))
+	for i, f := range failures {
+		reasons[i], after[i], poison[i] = f.Reason, f.RetryAfter.Milliseconds(), f.Poison
+	}
+	return []rowValues{{"reason", "text", reasons}, {"after", "bigint", after}, {"poison", "bool", poison}}
+}
+
 // RecordFailures renders the settle of rows the broker refused or that cannot
 // be published: attempts + 1, last_error, and the next due time, at
-// min(initial × 2^attempts, max) from the database's now(), or 'infinity'
-// once the row has used its attempts: it is poisoned. The exponent is capped
-// so a long-failing row cannot overflow the interval.
-func (t *Table) RecordFailures(drainerID string, leases []Lease, reasons []string, f FailurePolicy) Statement {
+// min(max(initial × 2^attempts, the far end's Retry-After), max) from the
+// database's now(), or 'infinity' once the row has used its attempts, or
+// the failure poisons it: it is poisoned, and a row poisoned at once is
+// given all its attempts, as the poisoned rows are counted by them. The
+// exponent is capped so a long-failing row cannot overflow the interval.
+func (t *Table) RecordFailures(drainerID string, leases []Lease, failures []Failure, f FailurePolicy) Statement {
 	c := t.cols
 	set := []string{
-		fmt.Sprintf("%[1]s = o.%[1]s + 1", q(c.Attempts)),
+		fmt.Sprintf("%[1]s = CASE WHEN s.poison THEN greatest(o.%[1]s + 1, $7) ELSE o.%[1]s + 1 END", q(c.Attempts)),
 		q(c.ClaimedAt) + " = NULL",
 		q(c.ClaimedBy) + " = NULL",
-		fmt.Sprintf(`%s = CASE WHEN o.%s + 1 >= $7 THEN 'infinity'::timestamptz
-		ELSE now() + least($5 * interval '1 millisecond' * power(2, least(o.%s, 30)), $6 * interval '1 millisecond') END`,
+		fmt.Sprintf(`%s = CASE WHEN s.poison OR o.%s + 1 >= $7 THEN 'infinity'::timestamptz
+		ELSE now() + least(greatest($5 * interval '1 millisecond' * power(2, least(o.%s, 30)), s.after * interval '1 millisecond'),
+			$6 * interval '1 millisecond') END`,
 			q(c.AvailableAt), q(c.Attempts), q(c.Attempts)),
 	}
 	if c.LastError != "" {
 		set = append(set, q(c.LastError)+" = s.reason")
 	}
-	return t.settle(drainerID, leases, set, reasons, f.InitialMillis, f.MaxMillis, f.MaxAttempts)
+	return t.settle(drainerID, leases, set, failureValues(failures), f.InitialMillis, f.MaxMillis, f.MaxAttempts)
 }
 
 // Release renders the return of claims whose outcome is unknown or that were

@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/spillway-io/spillway/outbox"
 )
@@ -102,6 +103,12 @@ type Outcome struct {
 	Reason string
 	// Detail says why, for Refused (stored in last_error) and Lost.
 	Detail string
+	// RetryAfter, for Refused, is the least wait the far end asked for
+	// before the row is sent again (an HTTP Retry-After).
+	RetryAfter time.Duration
+	// Poison, for Refused: the far end says the row will never be taken
+	// (an HTTP 410 Gone, where the sink is set to poison on it).
+	Poison bool
 }
 
 // RowFault is why a row cannot be sent: its own fault, which counts an
