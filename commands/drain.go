@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/drainer/rabbitmq"
+	"github.com/spillway-io/spillway/drainer/webhook"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -28,6 +30,9 @@ func ParseDrainFlags(args []string) (cfg drainer.Config, httpAddr string, err er
 	fs := drainFlags(&cfg, &httpAddr)
 	if err := fs.Parse(args); err != nil {
 		return cfg, "", err
+	}
+	if cfg.Webhook != nil {
+		cfg.Webhook.ContentType = cfg.Broker.ContentType
 	}
 	return cfg, httpAddr, cfg.Validate()
 }
@@ -66,10 +71,14 @@ func DrainCommand(ctx context.Context, args []string) error {
 		}()
 		defer srv.Close()
 	}
-	log.Info("Drainer started", "table", store.Table().Name(),
-		"database", secret.RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File, "poolMode", cfg.Pooling.Options("", false).Mode,
-		"broker", secret.RedactURL(cfg.Broker.URL), "brokerFile", cfg.Broker.File, "exchange", cfg.Broker.Exchange,
-		"gcPercent", gcPercent, "memoryLimitBytes", memoryLimit)
+	sinkAttrs := []any{"broker", secret.RedactURL(cfg.Broker.URL), "brokerFile", cfg.Broker.File, "exchange", cfg.Broker.Exchange}
+	if cfg.Webhook != nil {
+		// The URL itself is not logged: its query may hold a token.
+		sinkAttrs = []any{"sink", "webhook", "webhookFile", cfg.Webhook.File}
+	}
+	log.Info("Drainer started", append(append([]any{"table", store.Table().Name(),
+		"database", secret.RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File, "poolMode", cfg.Pooling.Options("", false).Mode},
+		sinkAttrs...), "gcPercent", gcPercent, "memoryLimitBytes", memoryLimit)...)
 	return d.Run(ctx)
 }
 
@@ -108,6 +117,7 @@ func registerDrainFlags(fs *flag.FlagSet, c *drainer.Config) {
 	fs.Func("message-properties", `AMQP properties beside message_id, delivery mode, content type and headers: full (also the enqueue time as timestamp, the routing key as type, spillway as app_id) or compact (none: with a uuid id, RabbitMQ spends 7–20 % less CPU per message) (default "full")`,
 		func(v string) error { c.Broker.MessageProperties = rabbitmq.MessageProperties(v); return nil })
 	fs.StringVar(&c.Broker.ContentType, "content-type", c.Broker.ContentType, "message content type (default from the payload column's type)")
+	registerWebhookFlags(fs, c)
 	fs.BoolVar(&c.SynchronousCommit, "synchronous-commit", c.SynchronousCommit,
 		"commit claims and settles synchronously (off: the application's commits do not queue behind the drainer's WAL flushes)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout,
@@ -124,6 +134,34 @@ func registerDrainFlags(fs *flag.FlagSet, c *drainer.Config) {
 		"how many drainers share --max-rate when they cannot count each other: transaction pool mode without --database-direct-url (for a fleet run by hand: a fleet's maxRate needs the direct URL)")
 	fs.DurationVar(&c.MaxCommitLatency, "max-commit-latency", c.MaxCommitLatency,
 		"slow the drain down while a commit on the database takes longer than this, as timed on one settle every 100ms committed synchronously (0: off)")
+}
+
+// registerWebhookFlags binds the flags of the webhook sink. --sink=webhook
+// makes c's sink the webhook; the content type is --content-type, shared
+// with the broker.
+func registerWebhookFlags(fs *flag.FlagSet, c *drainer.Config) {
+	wh := webhook.DefaultConfig()
+	fs.Func("sink", `where rows go: rabbitmq (the broker) or webhook (an HTTP POST per row, signed per Standard Webhooks) (default "rabbitmq")`,
+		func(v string) error {
+			switch v {
+			case "rabbitmq":
+				c.Webhook = nil
+			case "webhook":
+				c.Webhook = &wh
+			default:
+				return fmt.Errorf("sink %q: must be rabbitmq or webhook", v)
+			}
+			return nil
+		})
+	fs.StringVar(&wh.URL, "webhook-url", "", "URL the webhook sink posts each row to, https unless --webhook-allow-http (for local use)")
+	fs.StringVar(&wh.File, "webhook-url-file", "", "file holding the webhook URL, re-read at every connect (a mounted secret: the URL may carry credentials)")
+	registerTLSFlags(fs, "webhook", &wh.TLS)
+	fs.StringVar(&wh.SigningSecretFile, "webhook-signing-secret-file", "",
+		"file holding the Standard Webhooks signing secret (whsec_...), or two, one per line, while rotating: each request carries a signature by each")
+	fs.StringVar(&wh.HeaderPrefix, "webhook-header-prefix", wh.HeaderPrefix, "prefix of the HTTP header that carries each of the row's headers")
+	fs.BoolVar(&wh.AllowHTTP, "webhook-allow-http", wh.AllowHTTP, "allow an http:// webhook URL (in the clear)")
+	fs.DurationVar(&wh.Timeout, "webhook-timeout", wh.Timeout, "deadline of each webhook request, at most a third of --lease-ttl")
+	fs.BoolVar(&wh.GonePoisons, "webhook-gone-poisons", wh.GonePoisons, "poison a row at once when the receiver answers 410 Gone (otherwise it counts an attempt)")
 }
 
 func defaultDrainerID() string {

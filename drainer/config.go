@@ -8,6 +8,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/spillway-io/spillway/drainer/rabbitmq"
+	"github.com/spillway-io/spillway/drainer/webhook"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
@@ -24,6 +25,8 @@ type Config struct {
 	Pooling outbox.Pooling
 	Table   outbox.TableSpec
 	Broker  rabbitmq.Config
+	// Webhook, when set, is where rows go instead of the broker.
+	Webhook *webhook.Config
 
 	BatchSize     int
 	PipelineDepth int
@@ -129,6 +132,22 @@ func DefaultConfig() Config {
 	}
 }
 
+// validateSink checks the settings of the sink the drainer publishes to: the
+// webhook's, when set, or the broker's. A request must time out well within
+// the lease, as a confirm must.
+func (c Config) validateSink() field.ErrorList {
+	if c.Webhook == nil {
+		return c.Broker.Validate(field.NewPath("broker"))
+	}
+	path := field.NewPath("sink", "webhook")
+	errs := c.Webhook.Validate(path)
+	if c.Webhook.Timeout > c.LeaseTTL/3 {
+		errs = append(errs, field.Invalid(path.Child("timeout"), c.Webhook.Timeout.String(),
+			"must be at most a third of leaseTTL "+c.LeaseTTL.String()+", so a request ends well within its rows' lease"))
+	}
+	return errs
+}
+
 // MinLeaseTTL is the shortest lease that covers a full pipeline of
 // worst-case publishes three times over.
 func MinLeaseTTL(pipelineDepth int) time.Duration {
@@ -177,7 +196,7 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.Database.Validate(field.NewPath("database"), "the outbox database's connection URL")...)
 	errs = append(errs, c.Pooling.Validate(field.NewPath("database"))...)
-	errs = append(errs, c.Broker.Validate(field.NewPath("broker"))...)
+	errs = append(errs, c.validateSink()...)
 	errs = append(errs, c.Table.Validate(field.NewPath("database"))...)
 	if c.BatchSize <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("batchSize"), c.BatchSize, "must be greater than 0"))

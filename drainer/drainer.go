@@ -14,6 +14,7 @@ import (
 
 	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/drainer/sink"
+	"github.com/spillway-io/spillway/drainer/webhook"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
@@ -119,12 +120,11 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 			"needs an enqueuedAt column to age rows by, and "+store.Table().Name()+" has none")
 	}
 	d := &Drainer{
-		cfg:     cfg,
-		store:   store,
-		metrics: metrics,
-		log:     log.With("table", store.Table().Name()),
-		dialer: rabbitmq.NewDialer(cfg.Broker, cfg.DrainerID, cfg.PipelineDepth, cfg.MaxPayloadBytes, store.Table().PayloadType(),
-			log.With("table", store.Table().Name())),
+		cfg:         cfg,
+		store:       store,
+		metrics:     metrics,
+		log:         log.With("table", store.Table().Name()),
+		dialer:      dialerOf(cfg, store.Table().PayloadType(), log.With("table", store.Table().Name())),
 		wake:        make(chan struct{}, 1),
 		liveness:    liveness{lease: cfg.LeaseTTL},
 		pushback:    pushback{backoff: newRetryBackoff()},
@@ -147,6 +147,15 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 	}
 	d.liveness.beat(0)
 	return d, nil
+}
+
+// dialerOf is the dialer of the sink cfg names: the webhook, when set, or
+// the broker.
+func dialerOf(cfg Config, payloadType string, log *slog.Logger) sink.Dialer {
+	if cfg.Webhook != nil {
+		return webhook.NewDialer(*cfg.Webhook, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
+	}
+	return rabbitmq.NewDialer(cfg.Broker, cfg.DrainerID, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
 }
 
 // openSink holds the open sink, for the readiness probe.

@@ -15,7 +15,6 @@ import (
 // Failure reasons, used as metric labels. Each one counts an attempt.
 const (
 	reasonReturned     = "returned"
-	reasonOversized    = "oversized"
 	reasonBadHeaders   = "bad_headers"
 	reasonNoRoutingKey = "no_routing_key"
 	reasonTooLong      = "too_long"
@@ -65,8 +64,8 @@ type messageShape struct {
 // buildMessage turns a claimed row into its routing key and message, or says
 // why the row cannot be published.
 func buildMessage(row outbox.Row, shape messageShape, limits messageLimits) (string, amqp.Publishing, *sink.RowFault) {
-	if row.Payload == nil {
-		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonOversized, Detail: fmt.Sprintf("payload is %d bytes, over the %d-byte limit (maxPayloadBytes)", row.Size, limits.maxPayloadBytes)}
+	if fault := sink.Oversized(row, limits.maxPayloadBytes); fault != nil {
+		return "", amqp.Publishing{}, fault
 	}
 	if row.RoutingKey == nil {
 		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonNoRoutingKey, Detail: "routing key is NULL"}

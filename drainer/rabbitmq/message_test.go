@@ -1,6 +1,7 @@
 package rabbitmq
 
 import (
+	"github.com/spillway-io/spillway/drainer/sink"
 	"strings"
 	"time"
 
@@ -67,7 +68,7 @@ var _ = Describe("Building a message from a row", func() {
 		r := row()
 		r.Payload, r.Size = nil, 5000
 		_, _, fault := buildMessage(r, full, limits)
-		Expect(fault.Reason).To(Equal(reasonOversized))
+		Expect(fault.Reason).To(Equal(sink.ReasonOversized))
 		Expect(fault.Detail).To(Equal("payload is 5000 bytes, over the 1024-byte limit (maxPayloadBytes)"))
 	})
 

@@ -14,6 +14,7 @@ package sink
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -121,6 +122,19 @@ type RowFault struct {
 }
 
 func (f *RowFault) Error() string { return f.Detail }
+
+// ReasonOversized is the failure reason of a row whose payload is over the
+// size limit.
+const ReasonOversized = "oversized"
+
+// Oversized is the fault of a row whose payload was not loaded because it is
+// over limit, the drainer's maxPayloadBytes; nil for any other row.
+func Oversized(row outbox.Row, limit int64) *RowFault {
+	if row.Payload != nil {
+		return nil
+	}
+	return &RowFault{Reason: ReasonOversized, Detail: fmt.Sprintf("payload is %d bytes, over the %d-byte limit (maxPayloadBytes)", row.Size, limit)}
+}
 
 // ErrDown marks a publish that failed because the connection did.
 var ErrDown = errors.New("the sink's connection is down")
