@@ -1,0 +1,129 @@
+package webhook
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	. "github.com/onsi/ginkgo/v2"
+	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/drainer/sink"
+	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+var _ = Describe("The webhook sink, against a receiver on a real port", func() {
+	var receiver *testenv.Receiver
+
+	BeforeEach(func() {
+		var err error
+		receiver, err = testenv.StartReceiver(testenv.NewSecret())
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(receiver.Stop)
+	})
+
+	dial := func(ctx context.Context, secrets ...string) (sink.Sink, error) {
+		file, err := testenv.WriteSecrets(GinkgoT().TempDir(), secrets...)
+		Expect(err).NotTo(HaveOccurred())
+		c := DefaultConfig()
+		c.URL, c.AllowHTTP, c.SigningSecretFile, c.Timeout = receiver.URL(), true, file, 500*time.Millisecond
+		d := NewDialer(c, 8, 1<<20, "jsonb", slog.New(slog.NewTextHandler(io.Discard, nil)))
+		Expect(d.Where()).To(Equal("webhook http://" + receiver.URL()[len("http://spillway:receiver-password@"):len(receiver.URL())-len("?token=receiver-token")]))
+		return d.Dial(ctx, func() {})
+	}
+	post := func(s sink.Sink, id string) sink.Outcome {
+		m, fault := s.Prepare(outbox.Row{ID: id, Payload: []byte(`{"n":1}`), Headers: []byte(`{"tenant":"acme"}`)})
+		Expect(fault).To(BeNil())
+		d, err := s.Publish(context.Background(), m)
+		Expect(err).NotTo(HaveOccurred())
+		Eventually(d.Done(), 5*time.Second).Should(BeClosed())
+		return d.Outcome()
+	}
+
+	It("signs each request so that the Standard Webhooks library verifies it, by either secret while they rotate", func(ctx SpecContext) {
+		var got http.Header
+		receiver.Answer = func(w http.ResponseWriter, r *http.Request, id string, n int) bool {
+			got = r.Header.Clone()
+			w.WriteHeader(http.StatusOK)
+			return true
+		}
+		s, err := dial(ctx, receiver.Secret, testenv.NewSecret())
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(s.Close)
+		Expect(post(s, "row-1")).To(Equal(sink.Outcome{Kind: sink.Confirmed}))
+		Expect(got.Get("X-Outbox-Tenant")).To(Equal("acme"))
+		Expect(got.Get("Content-Type")).To(Equal("application/json"))
+		Expect(got.Get("Webhook-Id")).To(Equal("row-1"))
+		Expect(got.Get("Webhook-Signature")).To(MatchRegexp(`^v1,\S+ v1,\S+$`), "one signature per secret")
+
+		s2, err := dial(ctx, testenv.NewSecret(), receiver.Secret)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(s2.Close)
+		Expect(post(s2, "row-2").Kind).To(Equal(sink.Confirmed), "the new secret first")
+
+		s3, err := dial(ctx, testenv.NewSecret())
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(s3.Close)
+		o := post(s3, "row-3")
+		Expect(o.Kind).To(Equal(sink.Refused), "signed by a secret the receiver does not know")
+		Expect(o.Detail).To(HavePrefix("HTTP 401 Unauthorized: unable to verify payload"))
+		_, unverified, _ := receiver.Requests()
+		Expect(unverified).To(Equal(1))
+	})
+
+	It("refuses to dial an endpoint that takes no connection, and loses the requests in flight when it goes away, never showing its credentials", func(ctx SpecContext) {
+		s, err := dial(ctx, receiver.Secret)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(s.Close)
+		Expect(post(s, "row-1").Kind).To(Equal(sink.Confirmed))
+		receiver.Stop()
+		// The first request may go out on the kept-alive connection the
+		// receiver closed (EOF, a request that failed); the next finds no
+		// receiver to connect to.
+		o := post(s, "row-2")
+		if s.Healthy() {
+			Expect(o.Kind).To(Equal(sink.Lost))
+			o = post(s, "row-2")
+		}
+		Expect(o.Kind).To(Equal(sink.Lost))
+		Expect(o.Detail).To(ContainSubstring("connection refused"))
+		Expect(o.Detail).NotTo(ContainSubstring("receiver-password"))
+		Expect(s.Healthy()).To(BeFalse(), "the endpoint is away: the claim loop dials again")
+		_, err = s.Publish(ctx, &request{id: "row-3"})
+		Expect(err).To(MatchError(sink.ErrDown))
+
+		_, err = dial(ctx, receiver.Secret)
+		Expect(err).To(MatchError(ContainSubstring("connection refused")))
+		Expect(err.Error()).NotTo(ContainSubstring("receiver-password"))
+		Expect(err.Error()).NotTo(ContainSubstring("receiver-token"))
+		Expect(receiver.Restart()).To(Succeed())
+		s, err = dial(ctx, receiver.Secret)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(s.Close)
+		Expect(post(s, "row-2").Kind).To(Equal(sink.Confirmed))
+	})
+
+	It("loses a request the receiver does not answer within the timeout, and stays healthy", func(ctx SpecContext) {
+		receiver.Answer = func(w http.ResponseWriter, r *http.Request, id string, n int) bool {
+			time.Sleep(time.Second)
+			w.WriteHeader(http.StatusOK)
+			return true
+		}
+		s, err := dial(ctx, receiver.Secret)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(s.Close)
+		o := post(s, "slow")
+		Expect(o.Kind).To(Equal(sink.Lost))
+		Expect(o.Detail).To(ContainSubstring("deadline exceeded"))
+		Expect(s.Healthy()).To(BeTrue(), "one slow request says nothing of the endpoint")
+	})
+
+	It("reads a signing secret file that holds no valid secret as an error that shows none", func(ctx SpecContext) {
+		_, err := dial(ctx, "whsec_!!!not-base64-hunter2")
+		Expect(err).To(MatchError(ContainSubstring("line 1: must be a Standard Webhooks secret")))
+		Expect(err.Error()).NotTo(ContainSubstring("hunter2"))
+	})
+})
