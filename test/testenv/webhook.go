@@ -64,7 +64,9 @@ func (r *Receiver) listen(addr string) error {
 }
 
 // URL is the receiver's endpoint, with credentials that must never be shown.
-func (r *Receiver) URL() string { return "http://spillway:receiver-password@" + r.addr + "/hooks/outbox?token=receiver-token" }
+func (r *Receiver) URL() string {
+	return "http://spillway:receiver-password@" + r.addr + "/hooks/outbox?token=receiver-token"
+}
 
 // Stop closes the receiver and every connection to it, as a crash would.
 func (r *Receiver) Stop() { _ = r.srv.Close() }
