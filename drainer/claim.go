@@ -88,7 +88,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 		if len(c.claim.Rows) > 0 {
 			// Should the broker have failed since the claim, publish
 			// releases the batch.
-			b := d.publish(ctx, p, c.claim)
+			b := d.publish(ctx, p, c.claim, c.started)
 			if d.cfg.SerialBatches {
 				p.drain()
 				<-b.settled
@@ -122,7 +122,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 		if <-next.done; next.err != nil {
 			d.releaseUnread(hardStop)
 		} else if len(next.claim.Rows) > 0 {
-			d.publish(ctx, p, next.claim)
+			d.publish(ctx, p, next.claim, next.started)
 		}
 	}
 }

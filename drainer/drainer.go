@@ -42,6 +42,7 @@ const (
 	releaseBrokerBlocked     = "broker_blocked"
 	releaseShutdown          = "shutdown"
 	releaseNack              = "nack"
+	releaseLeaseEnding       = "lease_ending"
 )
 
 type outcome struct {

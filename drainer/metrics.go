@@ -46,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Failed: prometheus.NewCounterVec(prometheus.CounterOpts(opts("failed_rows_total",
 			"Rows that failed and counted an attempt, by reason (returned, oversized, too_long, bad_headers, no_routing_key, connection_failures).")), []string{"reason"}),
 		Released: prometheus.NewCounterVec(prometheus.CounterOpts(opts("released_rows_total",
-			"Claims given back without counting an attempt, by reason (nack, confirm_lost, confirm_timeout, broker_unavailable, broker_blocked, shutdown).")), []string{"reason"}),
+			"Claims given back without counting an attempt, by reason (nack, confirm_lost, confirm_timeout, broker_unavailable, broker_blocked, shutdown, lease_ending).")), []string{"reason"}),
 		LeaseLost: prometheus.NewCounter(prometheus.CounterOpts(opts("lease_lost_rows_total",
 			"Rows a settle left alone because their lease had expired and they were claimed again."))),
 		ClaimDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",

@@ -12,9 +12,10 @@ import (
 
 // Phase 2: publishing a claim's rows, and classifying each confirm.
 
-// publish is phase 2 for one batch. Every row enters the pipeline,
-// published or with its outcome already known.
-func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claimed) *batch {
+// publish is phase 2 for one batch, claimed at claimed (by this drainer's
+// clock, before the claim's statement went out). Every row enters the
+// pipeline, published or with its outcome already known.
+func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claimed, claimed time.Time) *batch {
 	bt := &batch{claim: c, outcomes: make([]outcome, len(c.Rows)), settled: make(chan struct{})}
 	// The publish itself must not be cut by shutdown: a half-written frame
 	// would close the channel under the in-flight confirms. The hard stop
@@ -68,6 +69,12 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claimed) *b
 			p.add(e)
 			continue
 		}
+		if d.leaseEnding(claimed) {
+			rest = &outcome{kind: released, reason: releaseLeaseEnding}
+			e.outcome = *rest
+			p.add(e)
+			continue
+		}
 		e.publishedAt = time.Now()
 		delivery, err := d.broker.Publish(publishCtx, msg)
 		switch {
@@ -94,6 +101,17 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claimed) *b
 		d.broker.Flush()
 	}
 	return bt
+}
+
+// leaseEnding says that a row claimed at claimed may no longer be published:
+// its outcome, awaited for up to the confirm timeout, and its settle would
+// come after its lease ends, when another claim may have taken it and
+// published it again. Sending it then makes a duplicate for certain, where
+// releasing it costs one claim more. The lease rule keeps a batch of quick
+// publishes well inside its lease; this is for slow ones: a receiver that
+// takes each request to its timeout, with few requests in flight.
+func (d *Drainer) leaseEnding(claimed time.Time) bool {
+	return time.Until(claimed.Add(d.cfg.LeaseTTL)) < d.cfg.confirmTimeout()+d.cfg.LeaseTTL/10
 }
 
 // classify turns a publish whose outcome arrived, or whose deadline passed,
