@@ -85,3 +85,44 @@ var _ = Describe("The drainer's command line", func() {
 		Expect(err).To(MatchError(ContainSubstring(`broker.exchange: Invalid value: "": set an exchange`)))
 	})
 })
+
+var _ = Describe("A webhook fleet's command line", func() {
+	It("is accepted by spillway drain, which posts to the mounted URL, signs with the mounted secrets and sends no broker flag", func() {
+		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde")
+		od := samples.OutboxDrainer()
+		od.Spec.Broker = v1alpha1.BrokerSpec{}
+		od.Spec.Sink = &v1alpha1.SinkSpec{Webhook: &v1alpha1.WebhookSpec{
+			URLSecretRef:     v1alpha1.SecretKeyRef{Name: "partner", Key: "url"},
+			SigningSecretRef: v1alpha1.SecretKeyRef{Name: "partner", Key: "signing-secret"},
+			TLS:              &v1alpha1.TLS{SecretName: "partner-tls", ClientCertificate: true},
+			HeaderPrefix:     ptr.To("X-Shop-"),
+			Timeout:          metav1.Duration{Duration: 5 * time.Second},
+			GonePoisons:      true,
+		}}
+		args := resource.DrainArgs(od.Spec)
+		Expect(args).NotTo(ContainElement(HavePrefix("--broker")))
+		Expect(args).NotTo(ContainElement(HavePrefix("--exchange")))
+		cfg, _, err := ParseDrainFlags(args[1:])
+		Expect(err).NotTo(HaveOccurred())
+		Expect(cfg.Webhook).NotTo(BeNil())
+		wh := *cfg.Webhook
+		Expect(wh.File).To(Equal(resource.WebhookURLDir + "/url"))
+		Expect(wh.SigningSecretFile).To(Equal(resource.WebhookSigningDir + "/url"))
+		Expect(wh.TLS.CAFile).To(Equal(resource.WebhookTLSDir + "/ca.crt"))
+		Expect(wh.TLS.CertFile).To(Equal(resource.WebhookTLSDir + "/tls.crt"))
+		Expect(wh.HeaderPrefix).To(Equal("X-Shop-"))
+		Expect(wh.Timeout).To(Equal(5 * time.Second))
+		Expect(wh.GonePoisons).To(BeTrue())
+		Expect(wh.AllowHTTP).To(BeFalse())
+		Expect(resource.SecretNames(od.Spec)).To(Equal([]string{"orders-db", "partner", "partner", "partner-tls"}))
+	})
+
+	It("refuses a timeout over a third of the lease, naming the field", func() {
+		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde")
+		_, _, err := ParseDrainFlags([]string{"--database-url=postgres://db/app", "--sink=webhook", "--webhook-url=https://partner.example/hook",
+			"--webhook-signing-secret-file=/s", "--lease-ttl=80s", "--webhook-timeout=30s"})
+		Expect(err).To(MatchError(ContainSubstring(`sink.webhook.timeout: Invalid value: "30s": must be at most a third of leaseTTL 1m20s`)))
+		_, _, err = ParseDrainFlags([]string{"--database-url=postgres://db/app", "--sink=kafka"})
+		Expect(err).To(MatchError(ContainSubstring(`sink "kafka": must be rabbitmq or webhook`)))
+	})
+})

@@ -112,8 +112,10 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 		Generation:  od.Generation,
 		Database:    od.Spec.Database,
 		Ordering:    od.Spec.Ordering,
-		Broker:      od.Spec.Broker.URLSecretRef,
-		BrokerTLS:   resource.BrokerTLS(od.Spec.Broker),
+		Sink:        resource.SinkURL(od.Spec),
+		SinkKind:    od.Spec.SinkKind(),
+		Signing:     resource.SigningSecret(od.Spec),
+		SinkTLS:     resource.SinkTLS(od.Spec),
 		MaxAttempts: int(od.Spec.MaxAttempts),
 		Interval:    od.Spec.StatusInterval.Duration,
 		LeaseTTL:    od.Spec.LeaseTTL.Duration,
@@ -223,6 +225,7 @@ func nextStatus(od *v1alpha1.OutboxDrainer, fleet status.Fleet, read *probe.Resu
 		meta.SetStatusCondition(&next.Conditions, c)
 	}
 	next.Selector = resource.Selector(od)
+	next.Sink = od.Spec.SinkKind()
 	if d := fleet.Deployment; d != nil {
 		next.Replicas, next.ReadyReplicas = d.Status.Replicas, d.Status.ReadyReplicas
 	}

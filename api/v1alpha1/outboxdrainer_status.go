@@ -18,6 +18,10 @@ type OutboxDrainerStatus struct {
 	// Selector of the drainer pods, for the scale subresource.
 	// +optional
 	Selector string `json:"selector,omitempty"`
+	// Sink is the kind of sink the drainers publish to: RabbitMQ or
+	// Webhook.
+	// +optional
+	Sink string `json:"sink,omitempty"`
 
 	// Backlog is the number of pending rows that are not poisoned.
 	// +optional

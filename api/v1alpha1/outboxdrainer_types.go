@@ -287,6 +287,8 @@ type Autoscaling struct {
 // defaults are the drainer's own.
 //
 // +kubebuilder:validation:XValidation:rule="duration(self.leaseTTL).getMilliseconds() >= 300 * self.pipelineDepth",fieldPath=".leaseTTL",reason="FieldValueInvalid",messageExpression="'leaseTTL %s is too short: the lease rule is leaseTTL >= 3 × pipelineDepth × 100ms = %dms for pipelineDepth %d'.format([self.leaseTTL, 300 * self.pipelineDepth, self.pipelineDepth])"
+// +kubebuilder:validation:XValidation:rule="has(self.broker) != (has(self.sink) && has(self.sink.webhook))",reason="FieldValueInvalid",message="set one sink: broker (RabbitMQ) or sink.webhook"
+// +kubebuilder:validation:XValidation:rule="!has(self.sink) || !has(self.sink.webhook) || 3 * duration(self.sink.webhook.timeout).getMilliseconds() <= duration(self.leaseTTL).getMilliseconds()",fieldPath=".sink.webhook.timeout",reason="FieldValueInvalid",message="a webhook request must end well within its rows' lease: timeout must be at most a third of leaseTTL"
 // +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || self.replicas == 1",fieldPath=".replicas",reason="FieldValueForbidden",messageExpression="'replicas is %d, but autoscaling sets the replica count: remove replicas (it defaults to 1), or remove autoscaling to scale the fleet with kubectl scale, an HPA or KEDA'.format([self.replicas])"
 // +kubebuilder:validation:XValidation:rule="!has(self.maxRate) || !has(self.database.pooler) || !has(self.database.pooler.mode) || self.database.pooler.mode != 'Transaction' || has(self.database.pooler.directURLSecretRef)",fieldPath=".maxRate",reason="FieldValueInvalid",message="maxRate is shared by the drainers counting each other on a session of their own, which a pooler in Transaction mode cannot keep: set database.pooler.directURLSecretRef, a URL past the pooler"
 type OutboxDrainerSpec struct {
@@ -308,8 +310,13 @@ type OutboxDrainerSpec struct {
 
 	// +required
 	Database DatabaseSpec `json:"database"`
-	// +required
-	Broker BrokerSpec `json:"broker"`
+	// Broker is the RabbitMQ sink: where rows are published, unless
+	// sink.webhook is set instead.
+	// +optional
+	Broker BrokerSpec `json:"broker,omitzero"`
+	// Sink names a sink other than the broker.
+	// +optional
+	Sink *SinkSpec `json:"sink,omitempty"`
 
 	// BatchSize is the number of rows per claim.
 	// +kubebuilder:validation:Minimum=1
@@ -435,6 +442,7 @@ type OutboxDrainerSpec struct {
 // +kubebuilder:printcolumn:name="Age",type=date,JSONPath=`.metadata.creationTimestamp`
 // +kubebuilder:printcolumn:name="Desired",type=integer,priority=1,JSONPath=`.status.autoscaling.desiredReplicas`
 // +kubebuilder:printcolumn:name="Blocked",type=integer,priority=1,JSONPath=`.status.blockedKeys.count`
+// +kubebuilder:printcolumn:name="Sink",type=string,priority=1,JSONPath=`.status.sink`
 // +kubebuilder:validation:XValidation:rule="self.metadata.name.size() <= 55",message="metadata.name must be at most 55 characters, so that <name>-metrics is a valid Service name"
 type OutboxDrainer struct {
 	metav1.TypeMeta   `json:",inline"`

@@ -39,10 +39,16 @@ type Target struct {
 	// Ordering is the fleet's per-key ordering, whose blocked keys the read
 	// counts; nil without.
 	Ordering *v1alpha1.Ordering
-	Broker   v1alpha1.SecretKeyRef
-	// BrokerTLS is the broker's certificates, whose Secret the drainers
+	// Sink is the Secret key of the URL the fleet publishes to, and
+	// SinkKind the kind of sink (v1alpha1.SinkRabbitMQ, SinkWebhook).
+	Sink     v1alpha1.SecretKeyRef
+	SinkKind string
+	// Signing is a webhook's signing secrets, which its drainers read; nil
+	// for a broker.
+	Signing *v1alpha1.SecretKeyRef
+	// SinkTLS is the sink's certificates, whose Secret the drainers
 	// mount; nil without TLS.
-	BrokerTLS *v1alpha1.TLS
+	SinkTLS *v1alpha1.TLS
 	// MaxAttempts is the fleet's poison threshold.
 	MaxAttempts int
 	Interval    time.Duration
@@ -65,11 +71,11 @@ type DeadDrainer struct {
 }
 
 func (t Target) same(o Target) bool {
-	return t.Key == o.Key && t.UID == o.UID && t.Generation == o.Generation && t.Broker == o.Broker && t.MaxAttempts == o.MaxAttempts &&
+	return t.Key == o.Key && t.UID == o.UID && t.Generation == o.Generation && t.Sink == o.Sink && t.SinkKind == o.SinkKind && equality.Semantic.DeepEqual(t.Signing, o.Signing) && t.MaxAttempts == o.MaxAttempts &&
 		t.Interval == o.Interval && t.Database.URLSecretRef == o.Database.URLSecretRef && t.Database.Table == o.Database.Table &&
 		t.Database.Columns == o.Database.Columns && t.Database.RoutingKey == o.Database.RoutingKey &&
 		t.LeaseTTL == o.LeaseTTL && slices.Equal(t.Dead, o.Dead) && equality.Semantic.DeepEqual(t.Ordering, o.Ordering) &&
-		equality.Semantic.DeepEqual(t.Database.TLS, o.Database.TLS) && equality.Semantic.DeepEqual(t.BrokerTLS, o.BrokerTLS) &&
+		equality.Semantic.DeepEqual(t.Database.TLS, o.Database.TLS) && equality.Semantic.DeepEqual(t.SinkTLS, o.SinkTLS) &&
 		equality.Semantic.DeepEqual(t.Database.Pooler, o.Database.Pooler)
 }
 

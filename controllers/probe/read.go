@@ -32,12 +32,21 @@ func (p *Prober) readOutbox(ctx context.Context, t Target) (status.Probe, string
 	if missing != "" {
 		probe.MissingSecrets = append(probe.MissingSecrets, missing)
 	}
-	brokerURL, missing, err := p.secretValue(ctx, t.Key.Namespace, "broker URL", t.Broker)
+	sinkURL, missing, err := p.secretValue(ctx, t.Key.Namespace, sinkName(t.SinkKind)+" URL", t.Sink)
 	if err != nil {
 		return probe, "", err
 	}
 	if missing != "" {
 		probe.MissingSecrets = append(probe.MissingSecrets, missing)
+	}
+	if t.Signing != nil {
+		// A webhook's drainers sign with it; its value is not needed here.
+		if _, missing, err = p.secretValue(ctx, t.Key.Namespace, "webhook signing secret", *t.Signing); err != nil {
+			return probe, "", err
+		}
+		if missing != "" {
+			probe.MissingSecrets = append(probe.MissingSecrets, missing)
+		}
 	}
 	if pooler := t.Database.Pooler; pooler != nil && pooler.DirectURLSecretRef != nil {
 		// The drainers mount it; the read goes through the pooler.
@@ -57,15 +66,24 @@ func (p *Prober) readOutbox(ctx context.Context, t Target) (status.Probe, string
 		probe.Reason, probe.Message = v1alpha1.ReasonSecretNotFound, probe.MissingSecrets[0]
 		return probe, "", nil
 	}
-	probe.Reason, probe.Message, probe.Outbox = p.queryOutbox(ctx, t, databaseURL, brokerURL)
+	probe.Reason, probe.Message, probe.Outbox = p.queryOutbox(ctx, t, databaseURL, sinkURL)
 	return probe, databaseURL, nil
+}
+
+// sinkName is what the missing Secrets of a sink of kind are said to be
+// for: the broker's or the webhook's.
+func sinkName(kind string) string {
+	if kind == v1alpha1.SinkWebhook {
+		return "webhook"
+	}
+	return "broker"
 }
 
 // missingTLSKeys describes the keys of the fleet's TLS Secrets that the
 // drainers need and do not find: without them, no drainer pod starts.
 func (p *Prober) missingTLSKeys(ctx context.Context, t Target) ([]string, error) {
 	var missing []string
-	for what, tls := range map[string]*v1alpha1.TLS{"database TLS": t.Database.TLS, "broker TLS": t.BrokerTLS} {
+	for what, tls := range map[string]*v1alpha1.TLS{"database TLS": t.Database.TLS, sinkName(t.SinkKind) + " TLS": t.SinkTLS} {
 		if tls == nil {
 			continue
 		}
@@ -109,12 +127,12 @@ func secretValue(ctx context.Context, secrets client.Reader, namespace, what str
 // claims, and says what it found as a condition's reason and message. The
 // messages never include the URL's password, nor do the poisoned rows' last
 // errors include either URL's.
-func (p *Prober) queryOutbox(ctx context.Context, t Target, url, brokerURL string) (reason, message string, read *outbox.OutboxStatus) {
+func (p *Prober) queryOutbox(ctx context.Context, t Target, url, sinkURL string) (reason, message string, read *outbox.OutboxStatus) {
 	spec, err := resource.TableSpec(t.Database, t.Ordering)
 	if err != nil {
 		return v1alpha1.ReasonTableNotUsable, err.Error(), nil
 	}
-	req := outbox.HealthRead{Spec: spec, MaxAttempts: t.MaxAttempts, CountLimit: p.opts.CountLimit, Secrets: []string{brokerURL},
+	req := outbox.HealthRead{Spec: spec, MaxAttempts: t.MaxAttempts, CountLimit: p.opts.CountLimit, Secrets: []string{sinkURL},
 		BlockedKeys: t.Ordering != nil && t.Ordering.OnFailure != outbox.OnFailureSkip, Lease: t.LeaseTTL}
 	for _, d := range t.Dead {
 		req.Dead = append(req.Dead, d.ID)

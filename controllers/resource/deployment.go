@@ -186,21 +186,15 @@ func tlsVolume(name, secretName string) corev1.Volume {
 	}
 }
 
-// secretVolumes are the Secrets a drainer reads: the two URLs, and the
-// certificates of each connection with TLS.
+// secretVolumes are the Secrets a drainer reads (see mountedSecrets).
 func secretVolumes(s v1alpha1.OutboxDrainerSpec) []corev1.Volume {
-	vols := []corev1.Volume{
-		secretVolume("database-url", s.Database.URLSecretRef),
-		secretVolume("broker-url", s.Broker.URLSecretRef),
-	}
-	if ref := directURL(s); ref != nil {
-		vols = append(vols, secretVolume("database-direct-url", *ref))
-	}
-	if t := s.Database.TLS; t != nil {
-		vols = append(vols, tlsVolume("database-tls", t.SecretName))
-	}
-	if t := BrokerTLS(s.Broker); t != nil {
-		vols = append(vols, tlsVolume("broker-tls", t.SecretName))
+	var vols []corev1.Volume
+	for _, m := range mountedSecrets(s) {
+		if m.key != nil {
+			vols = append(vols, secretVolume(m.volume, *m.key))
+		} else {
+			vols = append(vols, tlsVolume(m.volume, m.whole))
+		}
 	}
 	return vols
 }
@@ -215,33 +209,22 @@ func directURL(s v1alpha1.OutboxDrainerSpec) *v1alpha1.SecretKeyRef {
 
 // SecretNames are the Secrets a fleet's drainers mount.
 func SecretNames(s v1alpha1.OutboxDrainerSpec) []string {
-	names := []string{s.Database.URLSecretRef.Name, s.Broker.URLSecretRef.Name}
-	if ref := directURL(s); ref != nil {
-		names = append(names, ref.Name)
-	}
-	if t := s.Database.TLS; t != nil {
-		names = append(names, t.SecretName)
-	}
-	if t := BrokerTLS(s.Broker); t != nil {
-		names = append(names, t.SecretName)
+	var names []string
+	for _, m := range mountedSecrets(s) {
+		if m.key != nil {
+			names = append(names, m.key.Name)
+		} else {
+			names = append(names, m.whole)
+		}
 	}
 	return names
 }
 
 // secretMounts mount secretVolumes where the drainer's flags point.
 func secretMounts(s v1alpha1.OutboxDrainerSpec) []corev1.VolumeMount {
-	mounts := []corev1.VolumeMount{
-		{Name: "database-url", MountPath: DatabaseURLDir, ReadOnly: true},
-		{Name: "broker-url", MountPath: BrokerURLDir, ReadOnly: true},
-	}
-	if directURL(s) != nil {
-		mounts = append(mounts, corev1.VolumeMount{Name: "database-direct-url", MountPath: DirectURLDir, ReadOnly: true})
-	}
-	if s.Database.TLS != nil {
-		mounts = append(mounts, corev1.VolumeMount{Name: "database-tls", MountPath: DatabaseTLSDir, ReadOnly: true})
-	}
-	if s.Broker.TLS != nil {
-		mounts = append(mounts, corev1.VolumeMount{Name: "broker-tls", MountPath: BrokerTLSDir, ReadOnly: true})
+	var mounts []corev1.VolumeMount
+	for _, m := range mountedSecrets(s) {
+		mounts = append(mounts, corev1.VolumeMount{Name: m.volume, MountPath: m.dir, ReadOnly: true})
 	}
 	return mounts
 }

@@ -157,20 +157,12 @@ func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
 	args = append(args,
 		"--database-url-file="+path.Join(DatabaseURLDir, urlFile),
 		"--synchronous-commit="+strconv.FormatBool(s.Database.SynchronousCommit),
-		"--broker-url-file="+path.Join(BrokerURLDir, urlFile),
+		sinkURLArg(s),
 	)
 	args = append(args, poolerArgs(s.Database.Pooler)...)
 	args = append(args, tlsArgs("database", DatabaseTLSDir, s.Database.TLS)...)
-	args = append(args, tlsArgs("broker", BrokerTLSDir, BrokerTLS(s.Broker))...)
-	if s.Broker.TLS != nil && s.Broker.TLS.External {
-		args = append(args, "--broker-sasl-external")
-	}
+	args = append(args, sinkArgs(s)...)
 	args = append(args,
-		"--exchange="+s.Broker.Exchange,
-		"--exchange-type="+s.Broker.ExchangeType,
-		"--declare-exchange="+strconv.FormatBool(s.Broker.DeclareExchange),
-		"--mandatory="+strconv.FormatBool(s.Broker.Mandatory),
-		"--message-properties="+string(messageProperties(s.Broker)),
 		"--batch-size="+strconv.Itoa(int(s.BatchSize)),
 		"--pipeline-depth="+strconv.Itoa(int(s.PipelineDepth)),
 		"--lease-ttl="+s.LeaseTTL.Duration.String(),
