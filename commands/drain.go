@@ -161,6 +161,8 @@ func registerWebhookFlags(fs *flag.FlagSet, c *drainer.Config) {
 	fs.StringVar(&wh.HeaderPrefix, "webhook-header-prefix", wh.HeaderPrefix, "prefix of the HTTP header that carries each of the row's headers")
 	fs.BoolVar(&wh.AllowHTTP, "webhook-allow-http", wh.AllowHTTP, "allow an http:// webhook URL (in the clear)")
 	fs.DurationVar(&wh.Timeout, "webhook-timeout", wh.Timeout, "deadline of each webhook request, at most a third of --lease-ttl")
+	fs.IntVar(&wh.BatchRows, "webhook-batch-rows", wh.BatchRows,
+		"post up to this many rows per request, as a JSON array of envelopes (0: one row's payload per request); --pipeline-depth still counts rows")
 	fs.BoolVar(&wh.GonePoisons, "webhook-gone-poisons", wh.GonePoisons, "poison a row at once when the receiver answers 410 Gone (otherwise it counts an attempt)")
 }
 

@@ -98,6 +98,7 @@ var _ = Describe("A webhook fleet's command line", func() {
 			HeaderPrefix:     ptr.To("X-Shop-"),
 			Timeout:          metav1.Duration{Duration: 5 * time.Second},
 			GonePoisons:      true,
+			BatchRows:        50,
 		}}
 		args := resource.DrainArgs(od.Spec)
 		Expect(args).NotTo(ContainElement(HavePrefix("--broker")))
@@ -113,6 +114,7 @@ var _ = Describe("A webhook fleet's command line", func() {
 		Expect(wh.HeaderPrefix).To(Equal("X-Shop-"))
 		Expect(wh.Timeout).To(Equal(5 * time.Second))
 		Expect(wh.GonePoisons).To(BeTrue())
+		Expect(wh.BatchRows).To(Equal(50))
 		Expect(wh.AllowHTTP).To(BeFalse())
 		Expect(resource.SecretNames(od.Spec)).To(Equal([]string{"orders-db", "partner", "partner", "partner-tls"}))
 	})

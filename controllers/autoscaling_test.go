@@ -48,7 +48,8 @@ var _ = Describe("An autoscaled fleet", func() {
 		Eventually(events(ctx, od)).Should(ContainElement("Normal Scaled: Scaled from 0 to 3: backlog 250 at 100 per replica wants 3"))
 		out := kubectl("get", "outboxdrainer", od.Name, "-n", ns, "-o", "wide")
 		Expect(strings.Fields(strings.Split(out, "\n")[0])).To(ContainElement("DESIRED"), out)
-		Expect(strings.Fields(strings.Split(out, "\n")[1])).To(HaveLen(8), out)
+		Expect(strings.Fields(strings.Split(out, "\n")[1])).To(HaveLen(9), out)
+		Expect(strings.Fields(strings.Split(out, "\n")[1])[8]).To(Equal("RabbitMQ"), out)
 
 		// The drainers publish everything: nothing more to do, once the
 		// higher recommendations have left the window.

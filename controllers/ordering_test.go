@@ -41,9 +41,9 @@ var _ = Describe("An OutboxDrainer with per-key ordering", func() {
 		lines := strings.Split(strings.TrimSpace(out), "\n")
 		Expect(lines).To(HaveLen(2), out)
 		header := strings.Fields(lines[0])
-		Expect(header[len(header)-1]).To(Equal("BLOCKED"), out)
+		Expect(header[len(header)-2:]).To(Equal([]string{"BLOCKED", "SINK"}), out)
 		fields := strings.Fields(lines[1])
-		Expect(fields[len(fields)-1]).To(Equal("2"), out)
+		Expect(fields[len(fields)-2:]).To(Equal([]string{"2", "RabbitMQ"}), out)
 
 		// The poisoned row is parked: order-3 goes on, and the status follows.
 		runSQL(ctx, "UPDATE "+table+" SET parked_at = now() WHERE aggregate_id = 'order-3'")

@@ -54,6 +54,13 @@ type WebhookSpec struct {
 	// +kubebuilder:default="10s"
 	// +optional
 	Timeout metav1.Duration `json:"timeout,omitzero"`
+	// BatchRows, when over 0, posts up to that many rows per request, as a
+	// JSON array of envelopes (docs/webhooks.md gives its shape), instead of
+	// one payload per request. pipelineDepth still counts rows.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	BatchRows int32 `json:"batchRows,omitempty"`
 	// GonePoisons poisons a row at once when the endpoint answers 410 Gone;
 	// otherwise a 410 counts an attempt as any other 4xx does.
 	// +optional

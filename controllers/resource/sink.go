@@ -84,6 +84,7 @@ func sinkArgs(s v1alpha1.OutboxDrainerSpec) []string {
 		"--webhook-allow-http="+strconv.FormatBool(wh.AllowHTTP),
 		"--webhook-timeout="+wh.Timeout.Duration.String(),
 		"--webhook-gone-poisons="+strconv.FormatBool(wh.GonePoisons),
+		"--webhook-batch-rows="+strconv.Itoa(int(wh.BatchRows)),
 	)
 }
 

@@ -40,6 +40,10 @@ type Config struct {
 	GonePoisons bool
 	// ContentType overrides the one derived from the payload column's type.
 	ContentType string
+	// BatchRows, when over 0, posts up to that many rows in one request, as
+	// a JSON array of envelopes (see envelope) instead of one payload per
+	// request.
+	BatchRows int
 }
 
 // DefaultConfig is the webhook sink's defaults.
@@ -63,6 +67,9 @@ func (c Config) Validate(path *field.Path) field.ErrorList {
 	}
 	if c.HeaderPrefix != "" && !httpguts.ValidHeaderFieldName(c.HeaderPrefix) {
 		errs = append(errs, field.Invalid(path.Child("headerPrefix"), c.HeaderPrefix, "must be made of the characters of an HTTP header name (RFC 9110 token)"))
+	}
+	if c.BatchRows < 0 || c.BatchRows > maxBatchRows {
+		errs = append(errs, field.Invalid(path.Child("batchRows"), c.BatchRows, fmt.Sprintf("must be between 0 (one row per request) and %d", maxBatchRows)))
 	}
 	if c.Timeout <= 0 {
 		errs = append(errs, field.Invalid(path.Child("timeout"), c.Timeout.String(), "must be greater than 0"))

@@ -29,6 +29,7 @@ type Dialer struct {
 	cfg             Config
 	depth           int
 	maxPayloadBytes int64
+	payloadType     string
 	contentType     string
 	log             *slog.Logger
 }
@@ -40,7 +41,7 @@ func NewDialer(cfg Config, depth int, maxPayloadBytes int64, payloadType string,
 	if contentType == "" {
 		contentType = sink.ContentType(payloadType)
 	}
-	return &Dialer{cfg: cfg, depth: depth, maxPayloadBytes: maxPayloadBytes, contentType: contentType, log: log}
+	return &Dialer{cfg: cfg, depth: depth, maxPayloadBytes: maxPayloadBytes, payloadType: payloadType, contentType: contentType, log: log}
 }
 
 // Where is the endpoint without its credentials or query.
@@ -178,52 +179,103 @@ type conn struct {
 	changed func()
 	failed  atomic.Bool
 	once    sync.Once
+	// held are the rows a batch request will carry, and their deliveries:
+	// the publishing goroutine's alone.
+	held      []*request
+	heldRides []*delivery
 }
 
 func (c *conn) Prepare(row outbox.Row) (sink.Message, *sink.RowFault) {
+	if c.dialer.cfg.BatchRows > 0 {
+		return envelopeOf(row, c.dialer.payloadType, c.dialer.maxPayloadBytes)
+	}
 	return requestOf(row, c.dialer.cfg.HeaderPrefix, c.dialer.contentType, c.dialer.maxPayloadBytes)
 }
 
-// Publish sends m in a request of its own; the delivery resolves with its
+// Publish sends m in a request of its own, or holds it for a batch request,
+// sent when full or at Flush; the delivery resolves with the request's
 // response, or without one.
 func (c *conn) Publish(_ context.Context, m sink.Message) (sink.Delivery, error) {
 	if c.failed.Load() {
 		return nil, fmt.Errorf("%w: %s", sink.ErrDown, c.endpoint)
 	}
-	r := m.(*request)
+	d := &delivery{done: make(chan struct{})}
+	if c.dialer.cfg.BatchRows == 0 {
+		return d, c.start(m.(*request), []*delivery{d})
+	}
+	c.held, c.heldRides = append(c.held, m.(*request)), append(c.heldRides, d)
+	if len(c.held) < c.dialer.cfg.BatchRows {
+		return d, nil
+	}
+	return d, c.sendHeld()
+}
+
+// Flush sends the rows held for a batch request.
+func (c *conn) Flush() {
+	if len(c.held) > 0 {
+		if err := c.sendHeld(); err != nil {
+			c.log().Error("Could not send a batch request; its rows are given back", "error", err)
+		}
+	}
+}
+
+// sendHeld sends the held rows in one batch request. Should it not start,
+// their deliveries resolve as lost, which gives them back.
+func (c *conn) sendHeld() error {
+	rows, rides := c.held, c.heldRides
+	c.held, c.heldRides = nil, nil
+	err := c.start(batchOf(rows), rides)
+	if err != nil {
+		for _, d := range rides {
+			d.resolve(sink.Outcome{Kind: sink.Lost, Detail: err.Error()})
+		}
+	}
+	return err
+}
+
+// start sends r and resolves rides, the deliveries of the rows it
+// carries, with its outcome.
+func (c *conn) start(r *request, rides []*delivery) error {
 	ctx, cancel := context.WithTimeout(c.ctx, c.dialer.cfg.Timeout)
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(r.body))
 	if err != nil {
 		cancel()
-		return nil, fmt.Errorf("%w: %s", sink.ErrDown, secret.RedactError(err, c.url))
+		return fmt.Errorf("%w: %s", sink.ErrDown, secret.RedactError(err, c.url))
 	}
 	req.Header = r.header
 	req.Header.Set("User-Agent", "spillway")
 	if err := sign(req.Header, r.id, time.Now(), r.body, c.signers); err != nil {
 		cancel()
-		return nil, err
+		return err
 	}
-	d := &delivery{done: make(chan struct{}), cancel: cancel}
-	go c.send(req, d)
-	return d, nil
+	for _, d := range rides {
+		d.cancel = cancel
+	}
+	go func() {
+		defer cancel()
+		o := c.send(req)
+		for _, d := range rides {
+			d.resolve(o)
+		}
+	}()
+	return nil
 }
 
-// send runs one request and resolves its delivery.
-func (c *conn) send(req *http.Request, d *delivery) {
-	defer close(d.done)
-	defer d.cancel()
+// send runs one request and classifies its response.
+func (c *conn) send(req *http.Request) sink.Outcome {
 	resp, err := c.client.Do(req)
 	if err != nil {
 		if unreachable(err) {
 			c.fail()
 		}
-		d.outcome = sink.Outcome{Kind: sink.Lost, Detail: c.scrub(err.Error())}
-		return
+		return sink.Outcome{Kind: sink.Lost, Detail: c.scrub(err.Error())}
 	}
 	defer func() { _ = resp.Body.Close() }()
 	snippet := readSnippet(resp.Body)
-	d.outcome = outcomeOf(resp.StatusCode, resp.Header, snippet, c.dialer.cfg.GonePoisons, time.Now(), c.scrub)
+	return outcomeOf(resp.StatusCode, resp.Header, snippet, c.dialer.cfg.GonePoisons, time.Now(), c.scrub)
 }
+
+func (c *conn) log() *slog.Logger { return c.dialer.log }
 
 // unreachable is a request error that says the endpoint cannot be reached
 // at all, not that this request failed: no connection, or no TLS session.
@@ -247,7 +299,6 @@ func (c *conn) fail() {
 // scrub removes the URL's secrets from a text to show.
 func (c *conn) scrub(text string) string { return secret.Scrub(text, c.url) }
 
-func (c *conn) Flush()        {}
 func (c *conn) Healthy() bool { return !c.failed.Load() }
 func (c *conn) Blocked() bool { return false }
 func (c *conn) Stale() bool   { return false }
@@ -258,13 +309,26 @@ func (c *conn) Close() {
 	c.transport.CloseIdleConnections()
 }
 
-// delivery is one request on its way.
+// delivery is one row's request on its way (a batch request's rows share
+// one).
 type delivery struct {
 	done    chan struct{}
 	cancel  context.CancelFunc
 	outcome sink.Outcome
 }
 
+func (d *delivery) resolve(o sink.Outcome) {
+	d.outcome = o
+	close(d.done)
+}
+
 func (d *delivery) Done() <-chan struct{} { return d.done }
 func (d *delivery) Outcome() sink.Outcome { return d.outcome }
-func (d *delivery) GiveUp(timedOut bool)  { d.cancel() }
+
+// GiveUp cuts the request; a batch request's, for all its rows, whose
+// deadlines passed together.
+func (d *delivery) GiveUp(bool) {
+	if d.cancel != nil {
+		d.cancel()
+	}
+}

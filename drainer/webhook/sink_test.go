@@ -2,9 +2,12 @@ package webhook
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"sync"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -125,5 +128,65 @@ var _ = Describe("The webhook sink, against a receiver on a real port", func() {
 		_, err := dial(ctx, "whsec_!!!not-base64-hunter2")
 		Expect(err).To(MatchError(ContainSubstring("line 1: must be a Standard Webhooks secret")))
 		Expect(err.Error()).NotTo(ContainSubstring("hunter2"))
+	})
+})
+
+var _ = Describe("The webhook sink in batches", func() {
+	It("posts up to batchRows rows in one signed request, a JSON array of envelopes, and resolves each row with it", func(ctx SpecContext) {
+		receiver, err := testenv.StartReceiver(testenv.NewSecret())
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(receiver.Stop)
+		var mu sync.Mutex
+		var bodies [][]envelope
+		var contentTypes []string
+		receiver.Answer = func(w http.ResponseWriter, r *http.Request, id string, n int) bool {
+			mu.Lock()
+			contentTypes = append(contentTypes, r.Header.Get("Content-Type"))
+			mu.Unlock()
+			w.WriteHeader(http.StatusOK)
+			return true
+		}
+		receiver.Inspect = func(body []byte) {
+			var envelopes []envelope
+			_ = json.Unmarshal(body, &envelopes) // checked below, as the envelopes
+			mu.Lock()
+			bodies = append(bodies, envelopes)
+			mu.Unlock()
+		}
+		file, err := testenv.WriteSecrets(GinkgoT().TempDir(), receiver.Secret)
+		Expect(err).NotTo(HaveOccurred())
+		c := DefaultConfig()
+		c.URL, c.AllowHTTP, c.SigningSecretFile, c.BatchRows = receiver.URL(), true, file, 3
+		s, err := NewDialer(c, 8, 1<<20, "jsonb", slog.New(slog.NewTextHandler(io.Discard, nil))).Dial(ctx, func() {})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(s.Close)
+		key := "order.created"
+		var deliveries []sink.Delivery
+		for i := range 5 {
+			m, fault := s.Prepare(outbox.Row{ID: fmt.Sprintf("row-%d", i), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i)), RoutingKey: &key,
+				Headers: []byte(`{"tenant":"acme"}`), EnqueuedAt: time.Date(2026, 12, 7, 3, 0, i, 0, time.UTC)})
+			Expect(fault).To(BeNil())
+			d, err := s.Publish(ctx, m)
+			Expect(err).NotTo(HaveOccurred())
+			deliveries = append(deliveries, d)
+		}
+		Eventually(deliveries[0].Done()).Should(BeClosed(), "the first three went when the batch was full")
+		Consistently(deliveries[3].Done(), 200*time.Millisecond).ShouldNot(BeClosed(), "the last two wait for Flush")
+		s.Flush()
+		for _, d := range deliveries {
+			Eventually(d.Done()).Should(BeClosed())
+			Expect(d.Outcome()).To(Equal(sink.Outcome{Kind: sink.Confirmed}))
+		}
+		lost, duplicates := receiver.Account([]string{"row-0", "row-1", "row-2", "row-3", "row-4"})
+		Expect(lost).To(BeEmpty())
+		Expect(duplicates).To(BeZero())
+		mu.Lock()
+		defer mu.Unlock()
+		Expect(contentTypes).To(Equal([]string{"application/json", "application/json"}))
+		Expect(bodies).To(HaveLen(2))
+		Expect(bodies[0]).To(HaveLen(3))
+		Expect(bodies[0][1]).To(Equal(envelope{ID: "row-1", RoutingKey: &key, EnqueuedAt: time.Date(2026, 12, 7, 3, 0, 1, 0, time.UTC),
+			Headers: json.RawMessage(`{"tenant":"acme"}`), Payload: json.RawMessage(`{"n":1}`), PayloadEncoding: "json"}))
+		Expect(bodies[1]).To(HaveLen(2))
 	})
 })

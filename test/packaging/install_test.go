@@ -254,6 +254,23 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 		Expect(k8s.Create(context.Background(), refused, client.DryRunAll)).To(MatchError(And(
 			ContainSubstring("spec.maxRate"), ContainSubstring("set database.pooler.directURLSecretRef"))))
 	})
+
+	It("applies the webhook sample in a server-side dry run, and builds drainers that post to the mounted URL with the mounted signing secret", func() {
+		out := mustRun("kubectl", "apply", "--dry-run=server", "--namespace=default", "-f", "config/samples/webhook/")
+		Expect(out).To(ContainSubstring("outboxdrainer.spillway.io/orders-webhook created (server dry run)"))
+		od := object[v1alpha1.OutboxDrainer](manifestsFile("config/samples/webhook/outboxdrainer-webhook.yaml"), "OutboxDrainer", "orders-webhook")
+		Expect(resource.DrainArgs(od.Spec)).To(ContainElements("--sink=webhook",
+			"--webhook-url-file=/var/run/secrets/spillway/webhook/url",
+			"--webhook-signing-secret-file=/var/run/secrets/spillway/webhook-signing/url", "--webhook-gone-poisons=true"))
+		Expect(resource.SecretNames(od.Spec)).To(ConsistOf("orders-db", "partner-webhook", "partner-webhook"))
+
+		By("the API server refuses a fleet with both sinks")
+		refused := od.DeepCopy()
+		refused.Namespace = "default"
+		refused.Spec.Broker = v1alpha1.BrokerSpec{URLSecretRef: v1alpha1.SecretKeyRef{Name: "rabbit", Key: "url"}, Exchange: "orders"}
+		Expect(k8s.Create(context.Background(), refused, client.DryRunAll)).To(MatchError(
+			ContainSubstring("set one sink: broker (RabbitMQ) or sink.webhook")))
+	})
 })
 
 var _ = Describe("The chart installed for some namespaces only, with secure metrics", func() {

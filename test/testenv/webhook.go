@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -23,6 +24,8 @@ type Receiver struct {
 	// Answer decides each verified request's response: n is how many
 	// requests for this id came before. Unset, every request gets 204.
 	Answer func(w http.ResponseWriter, r *http.Request, id string, n int) (took bool)
+	// Inspect, when set, sees each verified request's body.
+	Inspect func(body []byte)
 
 	mu        sync.Mutex
 	requests  map[string]int
@@ -91,11 +94,14 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 		r.unsigned++
 		r.lastError = err.Error()
 	}
-	answer := r.Answer
+	answer, inspect := r.Answer, r.Inspect
 	r.mu.Unlock()
 	if err != nil {
 		http.Error(w, err.Error(), http.StatusUnauthorized)
 		return
+	}
+	if inspect != nil {
+		inspect(body)
 	}
 	took := true
 	if answer != nil {
@@ -105,9 +111,30 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	}
 	if took {
 		r.mu.Lock()
-		r.took[id]++
+		for _, id := range carried(id, req.Header, body) {
+			r.took[id]++
+		}
 		r.mu.Unlock()
 	}
+}
+
+// carried are the ids of the rows a request carries: its webhook-id, or
+// for a batch request the ids of its envelopes.
+func carried(id string, h http.Header, body []byte) []string {
+	if h.Get("Webhook-Batch-Size") == "" {
+		return []string{id}
+	}
+	var envelopes []struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(body, &envelopes); err != nil {
+		return nil
+	}
+	ids := make([]string, len(envelopes))
+	for i, e := range envelopes {
+		ids[i] = e.ID
+	}
+	return ids
 }
 
 // Account says, of the rows with these ids, how many the receiver never
