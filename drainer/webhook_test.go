@@ -70,7 +70,7 @@ var _ = Describe("Draining to a webhook", Label(tier.DB), func() {
 		return duplicates
 	}
 
-	It("loses nothing through a storm of 500s, counting an attempt for each", func(ctx SpecContext) {
+	DescribeTable("loses nothing through a storm of 500s, counting an attempt for each", func(ctx SpecContext, batchRows int) {
 		var mu sync.Mutex
 		var stormEnds time.Time
 		receiver.Answer = func(w http.ResponseWriter, _ *http.Request, _ string, _ int) bool {
@@ -87,10 +87,15 @@ var _ = Describe("Draining to a webhook", Label(tier.DB), func() {
 			w.WriteHeader(http.StatusOK)
 			return true
 		}
-		startDrainer(ctx, webhookConfig(64))
-		Expect(settled(ctx, "a 2 s storm of 500s", 0)).To(BeZero())
+		cfg := webhookConfig(64)
+		cfg.Webhook.BatchRows = batchRows
+		startDrainer(ctx, cfg)
+		Expect(settled(ctx, fmt.Sprintf("a 2 s storm of 500s, batches of %d", max(batchRows, 1)), 0)).To(BeZero())
 		Expect(db.Count(ctx, spec.Name, "attempts > 0 AND last_error LIKE 'HTTP 500 Internal Server Error: upstream on fire%'")).To(BeNumerically(">", 0))
-	})
+	},
+		Entry("one row per request", 0),
+		Entry("in batches of 16 rows", 16),
+	)
 
 	It("loses nothing to connection resets, counting no attempt", func(ctx SpecContext) {
 		receiver.Answer = func(w http.ResponseWriter, _ *http.Request, _ string, n int) bool {
