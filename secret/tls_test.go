@@ -1,59 +1,20 @@
 package secret
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
-	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"time"
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+
+	"github.com/spillway-io/spillway/test/certs"
 )
-
-// issue makes a certificate for name (or a CA, when name is ""), signed by
-// parent, or self-signed when parent is nil.
-func issue(name string, parent *tls.Certificate) tls.Certificate {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	Expect(err).NotTo(HaveOccurred())
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(time.Now().UnixNano()), Subject: pkix.Name{CommonName: "spillway test CA"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature}
-	if name != "" {
-		tmpl.Subject.CommonName, tmpl.IsCA, tmpl.DNSNames = name, false, []string{name}
-		tmpl.KeyUsage = x509.KeyUsageDigitalSignature
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
-	}
-	signer, signerKey := tmpl, any(key)
-	if parent != nil {
-		signer, signerKey = parent.Leaf, parent.PrivateKey
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, signer, &key.PublicKey, signerKey)
-	Expect(err).NotTo(HaveOccurred())
-	leaf, err := x509.ParseCertificate(der)
-	Expect(err).NotTo(HaveOccurred())
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}
-}
-
-// writePEM writes c's certificate, and its key when keyFile is set.
-func writePEM(c tls.Certificate, certFile, keyFile string) {
-	Expect(os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Certificate[0]}), 0o600)).To(Succeed())
-	if keyFile != "" {
-		der, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
-		Expect(err).NotTo(HaveOccurred())
-		Expect(os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600)).To(Succeed())
-	}
-}
 
 var _ = Describe("TLS files", func() {
 	var (
@@ -65,9 +26,9 @@ var _ = Describe("TLS files", func() {
 	)
 	BeforeEach(func() {
 		dir = GinkgoT().TempDir()
-		ca = issue("", nil)
-		writePEM(ca, filepath.Join(dir, "ca.crt"), "")
-		writePEM(issue("drainer", &ca), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+		ca = certs.Issue("", nil)
+		certs.WritePEM(ca, filepath.Join(dir, "ca.crt"), "")
+		certs.WritePEM(certs.Issue("drainer", &ca), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
 		roots := x509.NewCertPool()
 		roots.AddCert(ca.Leaf)
 		clientSeen = ""
@@ -76,7 +37,7 @@ var _ = Describe("TLS files", func() {
 				clientSeen = r.TLS.PeerCertificates[0].Subject.CommonName
 			}
 		}))
-		server.TLS = &tls.Config{Certificates: []tls.Certificate{issue("localhost", &ca)}, ClientCAs: roots, ClientAuth: tls.VerifyClientCertIfGiven}
+		server.TLS = &tls.Config{Certificates: []tls.Certificate{certs.Issue("localhost", &ca)}, ClientCAs: roots, ClientAuth: tls.VerifyClientCertIfGiven}
 		server.StartTLS()
 		DeferCleanup(server.Close)
 	})
@@ -107,7 +68,7 @@ var _ = Describe("TLS files", func() {
 	})
 
 	It("refuses a server whose certificate another CA signed", func() {
-		writePEM(issue("", nil), filepath.Join(dir, "other-ca.crt"), "")
+		certs.WritePEM(certs.Issue("", nil), filepath.Join(dir, "other-ca.crt"), "")
 		cfg, err := TLSFiles{CAFile: filepath.Join(dir, "other-ca.crt")}.Config("localhost")
 		Expect(err).NotTo(HaveOccurred())
 		Expect(get(cfg)).To(MatchError(ContainSubstring("certificate signed by unknown authority")))

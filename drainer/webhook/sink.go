@@ -85,11 +85,12 @@ func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, erro
 	}
 	var tlsConfig *tls.Config
 	if u.Scheme == "https" {
-		if tlsConfig, err = d.cfg.TLS.Config(u.Hostname()); err != nil {
-			return nil, err
-		}
-		if tlsConfig == nil {
-			tlsConfig = &tls.Config{ServerName: u.Hostname()}
+		// Without a CA file, the system's roots verify the endpoint.
+		tlsConfig = &tls.Config{ServerName: u.Hostname()}
+		if d.cfg.TLS.Enabled() {
+			if tlsConfig, err = d.cfg.TLS.Config(u.Hostname()); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if err := probe(hardStop, u, tlsConfig, d.cfg.Timeout); err != nil {

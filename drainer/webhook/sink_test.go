@@ -2,11 +2,16 @@ package webhook
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +20,8 @@ import (
 
 	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/outbox"
+	"github.com/spillway-io/spillway/secret"
+	"github.com/spillway-io/spillway/test/certs"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -188,5 +195,56 @@ var _ = Describe("The webhook sink in batches", func() {
 		Expect(bodies[0][1]).To(Equal(envelope{ID: "row-1", RoutingKey: &key, EnqueuedAt: time.Date(2026, 12, 7, 3, 0, 1, 0, time.UTC),
 			Headers: json.RawMessage(`{"tenant":"acme"}`), Payload: json.RawMessage(`{"n":1}`), PayloadEncoding: "json"}))
 		Expect(bodies[1]).To(HaveLen(2))
+	})
+})
+
+var _ = Describe("The webhook sink over TLS", func() {
+	It("verifies the endpoint by the CA file, presents the client certificate, and speaks HTTP/2 where the server offers it", func(ctx SpecContext) {
+		dir := GinkgoT().TempDir()
+		ca := certs.Issue("", nil)
+		server, client := certs.Issue("localhost", &ca), certs.Issue("drainer", &ca)
+		certs.WritePEM(ca, filepath.Join(dir, "ca.crt"), "")
+		certs.WritePEM(client, filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key"))
+		clientCAs := x509.NewCertPool()
+		clientCAs.AddCert(ca.Leaf)
+		var mu sync.Mutex
+		var protos, peers []string
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			mu.Lock()
+			protos, peers = append(protos, r.Proto), append(peers, r.TLS.PeerCertificates[0].Subject.CommonName)
+			mu.Unlock()
+			w.WriteHeader(http.StatusNoContent)
+		}))
+		srv.EnableHTTP2 = true
+		srv.TLS = &tls.Config{Certificates: []tls.Certificate{server}, ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: clientCAs}
+		srv.StartTLS()
+		DeferCleanup(srv.Close)
+
+		secrets, err := testenv.WriteSecrets(dir, testenv.NewSecret())
+		Expect(err).NotTo(HaveOccurred())
+		c := DefaultConfig()
+		c.URL = strings.Replace(srv.URL, "127.0.0.1", "localhost", 1) + "/hook"
+		c.SigningSecretFile = secrets
+		c.TLS = secret.TLSFiles{CAFile: filepath.Join(dir, "ca.crt"), CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key")}
+		s, err := NewDialer(c, 8, 1<<20, "jsonb", slog.New(slog.NewTextHandler(io.Discard, nil))).Dial(ctx, func() {})
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(s.Close)
+		for i := range 3 {
+			m, fault := s.Prepare(outbox.Row{ID: fmt.Sprintf("row-%d", i), Payload: []byte(`{}`)})
+			Expect(fault).To(BeNil())
+			d, err := s.Publish(ctx, m)
+			Expect(err).NotTo(HaveOccurred())
+			Eventually(d.Done()).Should(BeClosed())
+			Expect(d.Outcome()).To(Equal(sink.Outcome{Kind: sink.Confirmed}))
+		}
+		mu.Lock()
+		Expect(protos).To(Equal([]string{"HTTP/2.0", "HTTP/2.0", "HTTP/2.0"}))
+		Expect(peers).To(Equal([]string{"drainer", "drainer", "drainer"}))
+		mu.Unlock()
+
+		By("an endpoint whose certificate the CA did not sign is refused at dial, so claiming waits")
+		c.TLS = secret.TLSFiles{}
+		_, err = NewDialer(c, 8, 1<<20, "jsonb", slog.New(slog.NewTextHandler(io.Discard, nil))).Dial(ctx, func() {})
+		Expect(err).To(MatchError(ContainSubstring("certificate signed by unknown authority")))
 	})
 })
