@@ -46,6 +46,9 @@ var (
 	spillwayImage string
 	// failed keeps the cluster's directory, with every log, after the run.
 	failed bool
+	// receiver is the webhook fleet's endpoint, a process on the host that
+	// the pods reach as they reach the database.
+	receiver *testenv.Receiver
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
@@ -54,10 +57,14 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 
 	layout, err := kubeenv.ImageLayout()
 	Expect(err).NotTo(HaveOccurred())
+	receiver, err = testenv.StartReceiver(testenv.NewSecret())
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(receiver.Stop)
 	cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{
 		// The broker cluster's nodes (AMQP and AMQPS), the database primary
 		// and replica and PgBouncer, for the fleets that use them.
-		Forward:     append(append(rabbitcluster.Addrs(), rabbitcluster.TLSAddrs()...), pgha.Addrs()...),
+		// And the webhook receiver.
+		Forward:     append(append(append(rabbitcluster.Addrs(), rabbitcluster.TLSAddrs()...), pgha.Addrs()...), receiver.Addr()),
 		ImageLayout: layout,
 		Progress:    GinkgoWriter,
 	})

@@ -18,8 +18,41 @@ import (
 // else is the sample as a user finds it, but for what edits change in the
 // OutboxDrainer's spec.
 func SampleFleet(table, exchange, statusInterval string, edits ...func(spec map[string]any)) (string, error) {
+	return sample([]string{"config/samples/secrets.yaml", "config/samples/spillway_v1alpha1_outboxdrainer.yaml"}, map[string][][]string{
+		"Secret/orders-db":       {{DatabaseURL(), "stringData", "url"}},
+		"Secret/orders-rabbitmq": {{BrokerURL(), "stringData", "url"}},
+		"OutboxDrainer/orders": {
+			{table, "spec", "database", "table"},
+			{exchange, "spec", "broker", "exchange"},
+			{statusInterval, "spec", "statusInterval"},
+		},
+	}, edits)
+}
+
+// SampleWebhookFleet is config/samples/webhook, with the sample's Secret of
+// the database, made to post to the receiver over http: its Secret holds
+// the receiver's URL and signing secret, and the OutboxDrainer drains table,
+// reading its status every statusInterval.
+func SampleWebhookFleet(r *Receiver, table, statusInterval string, edits ...func(spec map[string]any)) (string, error) {
+	return sample([]string{"config/samples/secrets.yaml", "config/samples/webhook/outboxdrainer-webhook.yaml"}, map[string][][]string{
+		"Secret/orders-db":       {{DatabaseURL(), "stringData", "url"}},
+		"Secret/orders-rabbitmq": nil,
+		"Secret/partner-webhook": {{r.URL(), "stringData", "url"}, {r.Secret, "stringData", "signing-secret"}},
+		"OutboxDrainer/orders-webhook": {
+			{table, "spec", "database", "table"},
+			{statusInterval, "spec", "statusInterval"},
+		},
+	}, append([]func(map[string]any){func(spec map[string]any) {
+		spec["sink"].(map[string]any)["webhook"].(map[string]any)["allowHTTP"] = true
+	}}, edits...))
+}
+
+// sample reads the objects of files, each set as sets has it by kind/name
+// (an object sets names with nil is left out), and the OutboxDrainers'
+// specs changed by edits.
+func sample(files []string, sets map[string][][]string, edits []func(spec map[string]any)) (string, error) {
 	var docs []string
-	for _, file := range []string{"config/samples/secrets.yaml", "config/samples/spillway_v1alpha1_outboxdrainer.yaml"} {
+	for _, file := range files {
 		data, err := os.ReadFile(filepath.Join(RepoRoot(), file))
 		if err != nil {
 			return "", err
@@ -32,20 +65,12 @@ func SampleFleet(table, exchange, statusInterval string, edits ...func(spec map[
 			if len(obj.Object) == 0 {
 				continue
 			}
-			var set [][]string
-			switch obj.GetKind() + "/" + obj.GetName() {
-			case "Secret/orders-db":
-				set = [][]string{{DatabaseURL(), "stringData", "url"}}
-			case "Secret/orders-rabbitmq":
-				set = [][]string{{BrokerURL(), "stringData", "url"}}
-			case "OutboxDrainer/orders":
-				set = [][]string{
-					{table, "spec", "database", "table"},
-					{exchange, "spec", "broker", "exchange"},
-					{statusInterval, "spec", "statusInterval"},
-				}
-			default:
-				return "", fmt.Errorf("%s has %s %s, which SampleFleet does not know", file, obj.GetKind(), obj.GetName())
+			set, known := sets[obj.GetKind()+"/"+obj.GetName()]
+			switch {
+			case !known:
+				return "", fmt.Errorf("%s has %s %s, which the test does not know", file, obj.GetKind(), obj.GetName())
+			case set == nil:
+				continue
 			}
 			for _, s := range set {
 				if err := unstructured.SetNestedField(obj.Object, s[0], s[1:]...); err != nil {

@@ -71,6 +71,9 @@ func (r *Receiver) URL() string {
 	return "http://spillway:receiver-password@" + r.addr + "/hooks/outbox?token=receiver-token"
 }
 
+// Addr is the receiver's host:port.
+func (r *Receiver) Addr() string { return r.addr }
+
 // Stop closes the receiver and every connection to it, as a crash would.
 func (r *Receiver) Stop() { _ = r.srv.Close() }
 
