@@ -80,8 +80,14 @@ func (l *Ledger) Stop() {
 func (l *Ledger) Account(ids []string) (lost []string, duplicates int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	return account(l.seen, ids)
+}
+
+// account says, of ids, which were never counted and how many extra times
+// the others were.
+func account(counts map[string]int, ids []string) (lost []string, duplicates int) {
 	for _, id := range ids {
-		switch n := l.seen[id]; {
+		switch n := counts[id]; {
 		case n == 0:
 			lost = append(lost, id)
 		case n > 1:

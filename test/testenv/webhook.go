@@ -145,15 +145,7 @@ func carried(id string, h http.Header, body []byte) []string {
 func (r *Receiver) Account(ids []string) (lost []string, duplicates int) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, id := range ids {
-		switch n := r.took[id]; {
-		case n == 0:
-			lost = append(lost, id)
-		case n > 1:
-			duplicates += n - 1
-		}
-	}
-	return lost, duplicates
+	return account(r.took, ids)
 }
 
 // Requests is how many requests arrived in all, and how many of them failed
