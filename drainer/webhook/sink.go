@@ -76,7 +76,8 @@ func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, erro
 		return nil, err
 	}
 	if err := d.cfg.checkURL(raw); err != nil {
-		return nil, fmt.Errorf("webhook URL %s %w", secret.RedactURL(raw), err)
+		// Not quoted: its query may hold a token.
+		return nil, fmt.Errorf("the webhook URL %w", err)
 	}
 	u, _ := url.Parse(raw)
 	signers, err := readSigners(d.cfg.SigningSecretFile)
@@ -98,7 +99,8 @@ func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, erro
 	}
 	ctx, cancel := context.WithCancel(hardStop)
 	transport := &http.Transport{
-		Proxy:               http.ProxyFromEnvironment,
+		// No proxy: the endpoint is dialled directly, as Dial's probe does.
+		Proxy:               nil,
 		DialContext:         (&net.Dialer{Timeout: d.cfg.Timeout, KeepAlive: 30 * time.Second}).DialContext,
 		TLSClientConfig:     tlsConfig,
 		ForceAttemptHTTP2:   true,
