@@ -2,6 +2,7 @@ package drainer
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -219,3 +220,52 @@ func reset(w http.ResponseWriter) {
 	}
 	_ = conn.Close()
 }
+
+var _ = Describe("Draining an ordered outbox to a webhook", Label(tier.DB), func() {
+	It("posts each key's rows one at a time, in order, with two drainers at once", func(ctx SpecContext) {
+		receiver, err := testenv.StartReceiver(testenv.NewSecret())
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(receiver.Stop)
+		spec := db.OrderedOutbox(ctx, "")
+		db.SeedKeys(ctx, spec.Name, 20, 25)
+		var mu sync.Mutex
+		inFlight, mostInFlight, last, reordered := map[string]int{}, 0, map[string]int{}, 0
+		receiver.Inspect = func(body []byte) {
+			var event struct {
+				Key string `json:"key"`
+				Seq int    `json:"seq"`
+			}
+			_ = json.Unmarshal(body, &event)
+			mu.Lock()
+			inFlight[event.Key]++
+			mostInFlight = max(mostInFlight, inFlight[event.Key])
+			if event.Seq != last[event.Key]+1 && event.Seq > last[event.Key] {
+				reordered++
+			}
+			last[event.Key] = max(last[event.Key], event.Seq)
+			mu.Unlock()
+			time.Sleep(2 * time.Millisecond) // long enough for a second request of the key to overlap, were one sent
+			mu.Lock()
+			inFlight[event.Key]--
+			mu.Unlock()
+		}
+		secrets, err := testenv.WriteSecrets(GinkgoT().TempDir(), receiver.Secret)
+		Expect(err).NotTo(HaveOccurred())
+		for _, id := range []string{"drainer-a", "drainer-b"} {
+			cfg := testConfig(id, spec, "")
+			wh := webhook.DefaultConfig()
+			wh.URL, wh.AllowHTTP, wh.SigningSecretFile = receiver.URL(), true, secrets
+			cfg.Webhook, cfg.BatchSize = &wh, 7
+			startDrainer(ctx, cfg)
+		}
+		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, 60*time.Second).Should(BeZero())
+		mu.Lock()
+		defer mu.Unlock()
+		Expect(last).To(HaveLen(20))
+		for key, seq := range last {
+			Expect(seq).To(Equal(25), key)
+		}
+		Expect(reordered).To(BeZero(), "each key's rows posted in enqueue order")
+		Expect(mostInFlight).To(Equal(1), "one request per key in flight")
+	})
+})
