@@ -112,7 +112,7 @@ var _ = Describe("Draining to a webhook", Label(tier.DB), func() {
 		Expect(db.Count(ctx, spec.Name, "attempts > 0")).To(BeZero(), "a reset is the connection's fault, not the row's")
 	})
 
-	It("loses nothing to responses slower than the timeout, nor to 200s sent after the lease passed, which come back as duplicates", func(ctx SpecContext) {
+	DescribeTable("loses nothing to 200s that come too late, which come back as duplicates", func(ctx SpecContext, late func(Config) time.Duration, fault string) {
 		cfg := webhookConfig(4)
 		slow := map[string]bool{}
 		for _, id := range ids[:40] {
@@ -120,7 +120,7 @@ var _ = Describe("Draining to a webhook", Label(tier.DB), func() {
 		}
 		receiver.Answer = func(w http.ResponseWriter, _ *http.Request, id string, n int) bool {
 			if n == 0 && slow[id] {
-				time.Sleep(cfg.LeaseTTL + 200*time.Millisecond)
+				time.Sleep(late(cfg))
 			}
 			w.WriteHeader(http.StatusOK)
 			return true
@@ -130,8 +130,12 @@ var _ = Describe("Draining to a webhook", Label(tier.DB), func() {
 		// after the row's second request was.
 		Eventually(func() int { _, duplicates := receiver.Account(ids); return duplicates }, 30*time.Second).
 			Should(Equal(40), "each slow row taken twice: once too late, once again")
-		Expect(settled(ctx, "40 rows' first requests answered 200 after the lease", 0)).To(Equal(40))
-	})
+		Expect(settled(ctx, "40 rows' first requests answered 200 "+fault, 0)).To(Equal(40))
+	},
+		Entry("after the request's timeout, within the lease", func(c Config) time.Duration { return c.Webhook.Timeout + 200*time.Millisecond },
+			"after the timeout, within the lease"),
+		Entry("after the lease passed", func(c Config) time.Duration { return c.LeaseTTL + 200*time.Millisecond }, "after the lease"),
+	)
 
 	It("waits out a 429's Retry-After before sending the row again", func(ctx SpecContext) {
 		var mu sync.Mutex
