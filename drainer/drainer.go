@@ -125,7 +125,7 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 		store:       store,
 		metrics:     metrics,
 		log:         log.With("table", store.Table().Name()),
-		dialer:      dialerOf(cfg, store.Table().PayloadType(), log.With("table", store.Table().Name())),
+		dialer:      dialerOf(cfg, store.Table().PayloadType(), metrics, log.With("table", store.Table().Name())),
 		wake:        make(chan struct{}, 1),
 		liveness:    liveness{lease: cfg.LeaseTTL},
 		pushback:    pushback{backoff: newRetryBackoff()},
@@ -152,9 +152,14 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 
 // dialerOf is the dialer of the sink cfg names: the webhook, when set, or
 // the broker.
-func dialerOf(cfg Config, payloadType string, log *slog.Logger) sink.Dialer {
+func dialerOf(cfg Config, payloadType string, metrics *Metrics, log *slog.Logger) sink.Dialer {
 	if cfg.Webhook != nil {
-		return webhook.NewDialer(*cfg.Webhook, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
+		d := webhook.NewDialer(*cfg.Webhook, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
+		d.Observe = func(class string, took time.Duration) {
+			metrics.WebhookResponses.WithLabelValues(class).Inc()
+			metrics.WebhookDuration.Observe(took.Seconds())
+		}
+		return d
 	}
 	return rabbitmq.NewDialer(cfg.Broker, cfg.DrainerID, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
 }

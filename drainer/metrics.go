@@ -33,6 +33,10 @@ type Metrics struct {
 	// whose refusals make the drainer unready (see refusals).
 	StatementErrors  *prometheus.CounterVec
 	StatementFailing *prometheus.GaugeVec
+	// WebhookResponses and WebhookDuration follow a webhook sink's
+	// requests: each request's status class, and its time to a response.
+	WebhookResponses *prometheus.CounterVec
+	WebhookDuration  prometheus.Histogram
 }
 
 // NewMetrics creates the collectors and registers them with reg.
@@ -53,6 +57,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "claim_duration_seconds", Help: "Time taken by one claim statement.", Buckets: latencyBuckets(13)}),
 		ConfirmLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
 			Name: "confirm_duration_seconds", Help: "Time from publish to broker confirm.", Buckets: latencyBuckets(15)}),
+		WebhookResponses: prometheus.NewCounterVec(prometheus.CounterOpts(opts("webhook_responses_total",
+			"A webhook sink's requests (a batch request counts once), by the status class of the response: 2xx, 3xx, 4xx, 5xx, or none (refused, reset, timed out).")), []string{"class"}),
+		WebhookDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
+			Name: "webhook_request_duration_seconds", Help: "A webhook sink's requests, from sending to the response or the failure.", Buckets: latencyBuckets(15)}),
 		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
 			Name: "batch_size_rows", Help: "Rows returned by one claim.", Buckets: prometheus.ExponentialBuckets(1, 2, 12)}),
 		InFlight:    prometheus.NewGauge(prometheus.GaugeOpts(opts("in_flight_messages", "Messages published and awaiting their confirm."))),
@@ -84,7 +92,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
 		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.BrokerConnected, m.BrokerBlocked, m.RateShare,
 		m.CommitLatency, m.CommitPace, m.CommitPaceCuts, m.Pruned, m.Shelved,
-		m.StatementErrors, m.StatementFailing)
+		m.StatementErrors, m.StatementFailing, m.WebhookResponses, m.WebhookDuration)
 	return m
 }
 

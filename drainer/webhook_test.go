@@ -12,6 +12,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/onsi/gomega/gbytes"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/spillway-io/spillway/drainer/webhook"
 	"github.com/spillway-io/spillway/outbox"
@@ -90,8 +91,16 @@ var _ = Describe("Draining to a webhook", Label(tier.DB), func() {
 		}
 		cfg := webhookConfig(64)
 		cfg.Webhook.BatchRows = batchRows
-		startDrainer(ctx, cfg)
+		d := startDrainer(ctx, cfg)
 		Expect(settled(ctx, fmt.Sprintf("a 2 s storm of 500s, batches of %d", max(batchRows, 1)), 0)).To(BeZero())
+		total, _, _ := receiver.Requests()
+		responses := func(class string) float64 {
+			return testutil.ToFloat64(d.metrics.WebhookResponses.WithLabelValues(class))
+		}
+		Expect(responses("5xx")).To(BeNumerically(">", 0))
+		Expect(responses("2xx")).To(BeNumerically(">=", float64(rows/max(batchRows, 1))))
+		Expect(responses("2xx")+responses("5xx")).To(BeEquivalentTo(total), "every request observed, by its status class")
+		Expect(histogramCount(d.reg, "spillway_drainer_webhook_request_duration_seconds")).To(BeEquivalentTo(total))
 		Expect(db.Count(ctx, spec.Name, "attempts > 0 AND last_error LIKE 'HTTP 500 Internal Server Error: upstream on fire%'")).To(BeNumerically(">", 0))
 	},
 		Entry("one row per request", 0),

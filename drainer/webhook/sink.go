@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -26,6 +27,10 @@ import (
 // Dialer opens webhook connections: an HTTP client with a keep-alive pool
 // of one connection per request in flight, HTTP/2 where the server offers it.
 type Dialer struct {
+	// Observe, when set, is told of every request: the status class of
+	// its response (2xx … 5xx), or none, and how long it took.
+	Observe func(class string, took time.Duration)
+
 	cfg             Config
 	depth           int
 	maxPayloadBytes int64
@@ -266,7 +271,9 @@ func (c *conn) start(r *request, rides []*delivery) error {
 
 // send runs one request and classifies its response.
 func (c *conn) send(req *http.Request) sink.Outcome {
+	start := time.Now()
 	resp, err := c.client.Do(req)
+	c.observe(resp, start)
 	if err != nil {
 		if unreachable(err) {
 			c.fail()
@@ -279,6 +286,19 @@ func (c *conn) send(req *http.Request) sink.Outcome {
 }
 
 func (c *conn) log() *slog.Logger { return c.dialer.log }
+
+// observe tells the dialer's Observe of a request sent at start and its
+// response, nil when none came.
+func (c *conn) observe(resp *http.Response, start time.Time) {
+	if c.dialer.Observe == nil {
+		return
+	}
+	class := "none"
+	if resp != nil {
+		class = strconv.Itoa(resp.StatusCode/100) + "xx"
+	}
+	c.dialer.Observe(class, time.Since(start))
+}
 
 // unreachable is a request error that says the endpoint cannot be reached
 // at all, not that this request failed: no connection, or no TLS session.
