@@ -253,7 +253,7 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	// The dial reads the URL file afresh.
 	d.rotateBroker.Store(false)
 	d.pushback.redial = false
-	b, err := retry(ctx, d.log, "Broker unavailable; claiming paused", func() (sink.Sink, error) {
+	b, err := retry(ctx, d.log, capitalized(d.cfg.sinkName())+" unavailable; claiming paused", func() (sink.Sink, error) {
 		b, err := d.dialer.Dial(hardStop, d.brokerChanged)
 		if err != nil {
 			why := err.Error()
@@ -264,7 +264,7 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.log.Info("Connected to broker", "to", d.dialer.Where())
+	d.log.Info("Connected to "+d.cfg.sinkName(), "to", d.dialer.Where())
 	d.broker = b
 	d.dialFailure.Store(nil)
 	d.current.Store(&openSink{b})

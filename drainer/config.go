@@ -148,6 +148,22 @@ func (c Config) validateSink() field.ErrorList {
 	return errs
 }
 
+// sinkName is what the log and the readiness probe call the sink.
+func (c Config) sinkName() string {
+	if c.Webhook != nil {
+		return "webhook"
+	}
+	return "broker"
+}
+
+// capitalized is s with its first letter in upper case (ASCII).
+func capitalized(s string) string {
+	if s == "" || s[0] < 'a' || s[0] > 'z' {
+		return s
+	}
+	return string(s[0]-'a'+'A') + s[1:]
+}
+
 // MinLeaseTTL is the shortest lease that covers a full pipeline of
 // worst-case publishes three times over.
 func MinLeaseTTL(pipelineDepth int) time.Duration {

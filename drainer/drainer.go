@@ -447,9 +447,9 @@ func (d *Drainer) Ready(ctx context.Context) error {
 	switch b := d.current.Load(); {
 	case b == nil || !b.Healthy():
 		if why := d.dialFailure.Load(); why != nil {
-			return fmt.Errorf("broker not connected: %s", *why)
+			return fmt.Errorf("%s not connected: %s", d.cfg.sinkName(), *why)
 		}
-		return errors.New("broker not connected")
+		return errors.New(d.cfg.sinkName() + " not connected")
 	case b.Blocked():
 		return errors.New("broker is blocking publishes (a memory or disk alarm in its cluster); claiming paused")
 	}

@@ -209,7 +209,11 @@ var _ = Describe("Draining to a webhook", Label(tier.DB), func() {
 		r := startDrainer(ctx, webhookConfig(64))
 		Eventually(away).Should(BeClosed())
 		receiver.Stop()
-		Eventually(r.logs, 10*time.Second).Should(gbytes.Say("Broker unavailable; claiming paused"))
+		Eventually(r.logs, 10*time.Second).Should(gbytes.Say("Webhook unavailable; claiming paused"))
+		err := r.Ready(ctx)
+		Expect(err).To(MatchError(And(ContainSubstring("webhook not connected: webhook http://"+receiver.Addr()+"/hooks/outbox: dial tcp"),
+			ContainSubstring("connection refused"))), "the readiness probe says why, without the URL's password or token")
+		Expect(err.Error()).NotTo(Or(ContainSubstring("receiver-password"), ContainSubstring("receiver-token")))
 		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL AND claimed_by IS NOT NULL") }, 10*time.Second).
 			Should(BeZero(), "the rows in flight released")
 		Expect(db.Count(ctx, spec.Name, "published_at IS NULL")).To(BeNumerically(">", rows/2), "most rows still waiting")
