@@ -86,6 +86,18 @@ var _ = Describe("The drainer's command line", func() {
 	})
 })
 
+var _ = Describe("A RabbitMQ fleet written as sink.rabbitmq", func() {
+	It("runs drainers with the same command line and Secrets as one written as spec.broker, so moving to it rolls no pod", func() {
+		od := samples.OutboxDrainer()
+		od.Spec.Broker.TLS = &v1alpha1.BrokerTLS{TLS: v1alpha1.TLS{SecretName: "mq-tls", ClientCertificate: true}, External: true}
+		moved := od.DeepCopy()
+		moved.Spec.Sink, moved.Spec.Broker = &v1alpha1.SinkSpec{RabbitMQ: &od.Spec.Broker}, v1alpha1.BrokerSpec{}
+		Expect(resource.DrainArgs(moved.Spec)).To(Equal(resource.DrainArgs(od.Spec)))
+		Expect(resource.SecretNames(moved.Spec)).To(Equal(resource.SecretNames(od.Spec)))
+		Expect(moved.Spec.SinkKind()).To(Equal(v1alpha1.SinkRabbitMQ))
+	})
+})
+
 var _ = Describe("A webhook fleet's command line", func() {
 	It("is accepted by spillway drain, which posts to the mounted URL, signs with the mounted secrets and sends no broker flag", func() {
 		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde")

@@ -130,6 +130,10 @@ var _ = Describe("The OutboxDrainer schema", func() {
 		Entry("compact message properties", set("broker.messageProperties", "Compact")),
 		Entry("a positive retention", all(set("retention.published", "72h"), set("retention.unpublishedMaxAge", "720h"))),
 		Entry("zero replicas", set("replicas", int64(0))),
+		Entry("the RabbitMQ sink as sink.rabbitmq", func(spec map[string]any) {
+			spec["sink"] = map[string]any{"rabbitmq": spec["broker"]}
+			delete(spec, "broker")
+		}),
 		Entry("a webhook sink instead of the broker", all(unset("broker"), set("sink.webhook", map[string]any{"urlSecretRef": map[string]any{"name": "partner", "key": "url"},
 			"signingSecretRef": map[string]any{"name": "partner", "key": "signing-secret"}}))),
 		Entry("the default exchange with mandatory on", all(unset("broker.exchange"), set("broker.mandatory", true))),
@@ -172,9 +176,15 @@ var _ = Describe("The OutboxDrainer schema", func() {
 		Entry("a negative published retention", set("retention.published", "-1h"), "spec.retention.published"),
 		Entry("a duration that is not one", set("pollInterval", "soon"), "spec.pollInterval"),
 		Entry("a negative duration", set("pollInterval", "-1s"), "spec.pollInterval"),
-		Entry("no sink", unset("broker"), "set one sink: broker (RabbitMQ) or sink.webhook"),
+		Entry("the broker twice, as broker and as sink.rabbitmq", func(spec map[string]any) { spec["sink"] = map[string]any{"rabbitmq": spec["broker"]} },
+			"set one sink: sink.rabbitmq (or broker, as earlier fleets name it) or sink.webhook"),
+		Entry("sink.rabbitmq on the default exchange without mandatory", func(spec map[string]any) {
+			spec["sink"] = map[string]any{"rabbitmq": map[string]any{"urlSecretRef": map[string]any{"name": "rabbit", "key": "url"}}}
+			delete(spec, "broker")
+		}, "spec.sink.rabbitmq.exchange: Invalid value"),
+		Entry("no sink", unset("broker"), "set one sink: sink.rabbitmq (or broker, as earlier fleets name it) or sink.webhook"),
 		Entry("two sinks", set("sink.webhook", map[string]any{"urlSecretRef": map[string]any{"name": "partner", "key": "url"},
-			"signingSecretRef": map[string]any{"name": "partner", "key": "signing-secret"}}), "set one sink: broker (RabbitMQ) or sink.webhook"),
+			"signingSecretRef": map[string]any{"name": "partner", "key": "signing-secret"}}), "set one sink: sink.rabbitmq (or broker, as earlier fleets name it) or sink.webhook"),
 		Entry("a webhook without its signing secret", all(unset("broker"), set("sink.webhook", map[string]any{
 			"urlSecretRef": map[string]any{"name": "partner", "key": "url"}})), "spec.sink.webhook.signingSecretRef: Required value"),
 		Entry("a webhook timeout over a third of the lease", all(unset("broker"), set("sink.webhook", map[string]any{"urlSecretRef": map[string]any{"name": "partner", "key": "url"},

@@ -287,7 +287,7 @@ type Autoscaling struct {
 // defaults are the drainer's own.
 //
 // +kubebuilder:validation:XValidation:rule="duration(self.leaseTTL).getMilliseconds() >= 300 * self.pipelineDepth",fieldPath=".leaseTTL",reason="FieldValueInvalid",messageExpression="'leaseTTL %s is too short: the lease rule is leaseTTL >= 3 × pipelineDepth × 100ms = %dms for pipelineDepth %d'.format([self.leaseTTL, 300 * self.pipelineDepth, self.pipelineDepth])"
-// +kubebuilder:validation:XValidation:rule="has(self.broker) != (has(self.sink) && has(self.sink.webhook))",reason="FieldValueInvalid",message="set one sink: broker (RabbitMQ) or sink.webhook"
+// +kubebuilder:validation:XValidation:rule="[has(self.broker), has(self.sink) && has(self.sink.rabbitmq), has(self.sink) && has(self.sink.webhook)].filter(x, x).size() == 1",reason="FieldValueInvalid",message="set one sink: sink.rabbitmq (or broker, as earlier fleets name it) or sink.webhook"
 // +kubebuilder:validation:XValidation:rule="!has(self.sink) || !has(self.sink.webhook) || 3 * duration(self.sink.webhook.timeout).getMilliseconds() <= duration(self.leaseTTL).getMilliseconds()",fieldPath=".sink.webhook.timeout",reason="FieldValueInvalid",message="a webhook request must end well within its rows' lease: timeout must be at most a third of leaseTTL"
 // +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || self.replicas == 1",fieldPath=".replicas",reason="FieldValueForbidden",messageExpression="'replicas is %d, but autoscaling sets the replica count: remove replicas (it defaults to 1), or remove autoscaling to scale the fleet with kubectl scale, an HPA or KEDA'.format([self.replicas])"
 // +kubebuilder:validation:XValidation:rule="!has(self.maxRate) || !has(self.database.pooler) || !has(self.database.pooler.mode) || self.database.pooler.mode != 'Transaction' || has(self.database.pooler.directURLSecretRef)",fieldPath=".maxRate",reason="FieldValueInvalid",message="maxRate is shared by the drainers counting each other on a session of their own, which a pooler in Transaction mode cannot keep: set database.pooler.directURLSecretRef, a URL past the pooler"
@@ -310,11 +310,11 @@ type OutboxDrainerSpec struct {
 
 	// +required
 	Database DatabaseSpec `json:"database"`
-	// Broker is the RabbitMQ sink: where rows are published, unless
-	// sink.webhook is set instead.
+	// Broker is the RabbitMQ sink as fleets written before sink.rabbitmq
+	// name it; the two are the same, and a fleet sets one sink only.
 	// +optional
 	Broker BrokerSpec `json:"broker,omitzero"`
-	// Sink names a sink other than the broker.
+	// Sink is where rows go: sink.rabbitmq (or broker) or sink.webhook.
 	// +optional
 	Sink *SinkSpec `json:"sink,omitempty"`
 

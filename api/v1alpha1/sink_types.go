@@ -8,9 +8,13 @@ const (
 	SinkWebhook  = "Webhook"
 )
 
-// SinkSpec is where a fleet's rows go when it is not the broker: a fleet
-// sets either spec.broker (RabbitMQ) or spec.sink.webhook.
+// SinkSpec is where a fleet's rows go: one of its fields. A fleet written
+// before sinks had a field of their own sets spec.broker instead of
+// sink.rabbitmq, which is the same.
 type SinkSpec struct {
+	// RabbitMQ publishes each row to an exchange.
+	// +optional
+	RabbitMQ *BrokerSpec `json:"rabbitmq,omitempty"`
 	// Webhook posts each row to one HTTP endpoint.
 	// +optional
 	Webhook *WebhookSpec `json:"webhook,omitempty"`
@@ -65,6 +69,14 @@ type WebhookSpec struct {
 	// otherwise a 410 counts an attempt as any other 4xx does.
 	// +optional
 	GonePoisons bool `json:"gonePoisons,omitempty"`
+}
+
+// RabbitMQ is the fleet's RabbitMQ sink: sink.rabbitmq, or else broker.
+func (s OutboxDrainerSpec) RabbitMQ() BrokerSpec {
+	if s.Sink != nil && s.Sink.RabbitMQ != nil {
+		return *s.Sink.RabbitMQ
+	}
+	return s.Broker
 }
 
 // SinkKind is the kind of sink the spec names.

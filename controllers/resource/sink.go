@@ -29,7 +29,7 @@ func SinkURL(s v1alpha1.OutboxDrainerSpec) v1alpha1.SecretKeyRef {
 	if wh := webhookOf(s); wh != nil {
 		return wh.URLSecretRef
 	}
-	return s.Broker.URLSecretRef
+	return s.RabbitMQ().URLSecretRef
 }
 
 // SigningSecret is the Secret key of a webhook's signing secrets, or nil
@@ -46,7 +46,7 @@ func SinkTLS(s v1alpha1.OutboxDrainerSpec) *v1alpha1.TLS {
 	if wh := webhookOf(s); wh != nil {
 		return wh.TLS
 	}
-	return BrokerTLS(s.Broker)
+	return BrokerTLS(s.RabbitMQ())
 }
 
 // sinkURLArg is the flag of the file holding the sink's URL.
@@ -61,16 +61,17 @@ func sinkURLArg(s v1alpha1.OutboxDrainerSpec) string {
 func sinkArgs(s v1alpha1.OutboxDrainerSpec) []string {
 	wh := webhookOf(s)
 	if wh == nil {
-		args := tlsArgs("broker", BrokerTLSDir, BrokerTLS(s.Broker))
-		if s.Broker.TLS != nil && s.Broker.TLS.External {
+		b := s.RabbitMQ()
+		args := tlsArgs("broker", BrokerTLSDir, BrokerTLS(b))
+		if b.TLS != nil && b.TLS.External {
 			args = append(args, "--broker-sasl-external")
 		}
 		return append(args,
-			"--exchange="+s.Broker.Exchange,
-			"--exchange-type="+s.Broker.ExchangeType,
-			"--declare-exchange="+strconv.FormatBool(s.Broker.DeclareExchange),
-			"--mandatory="+strconv.FormatBool(s.Broker.Mandatory),
-			"--message-properties="+string(messageProperties(s.Broker)),
+			"--exchange="+b.Exchange,
+			"--exchange-type="+b.ExchangeType,
+			"--declare-exchange="+strconv.FormatBool(b.DeclareExchange),
+			"--mandatory="+strconv.FormatBool(b.Mandatory),
+			"--message-properties="+string(messageProperties(b)),
 		)
 	}
 	prefix := "X-Outbox-"
@@ -106,7 +107,8 @@ func mountedSecrets(s v1alpha1.OutboxDrainerSpec) []mountedSecret {
 		m = append(m, mountedSecret{volume: "webhook-url", dir: WebhookURLDir, key: &wh.URLSecretRef},
 			mountedSecret{volume: "webhook-signing", dir: WebhookSigningDir, key: &wh.SigningSecretRef})
 	} else {
-		m = append(m, mountedSecret{volume: "broker-url", dir: BrokerURLDir, key: &s.Broker.URLSecretRef})
+		url := s.RabbitMQ().URLSecretRef
+		m = append(m, mountedSecret{volume: "broker-url", dir: BrokerURLDir, key: &url})
 	}
 	if ref := directURL(s); ref != nil {
 		m = append(m, mountedSecret{volume: "database-direct-url", dir: DirectURLDir, key: ref})

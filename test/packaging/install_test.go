@@ -269,7 +269,7 @@ var _ = Describe("The chart installed with helm into a real API server", Ordered
 		refused.Namespace = "default"
 		refused.Spec.Broker = v1alpha1.BrokerSpec{URLSecretRef: v1alpha1.SecretKeyRef{Name: "rabbit", Key: "url"}, Exchange: "orders"}
 		Expect(k8s.Create(context.Background(), refused, client.DryRunAll)).To(MatchError(
-			ContainSubstring("set one sink: broker (RabbitMQ) or sink.webhook")))
+			ContainSubstring("set one sink: sink.rabbitmq (or broker, as earlier fleets name it) or sink.webhook")))
 	})
 })
 
