@@ -253,7 +253,7 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	// The dial reads the URL file afresh.
 	d.rotateBroker.Store(false)
 	d.pushback.redial = false
-	b, err := retry(ctx, d.log, capitalized(d.cfg.sinkName())+" unavailable; claiming paused", func() (sink.Sink, error) {
+	b, err := retry(ctx, d.log, d.cfg.sinkUnavailable(), func() (sink.Sink, error) {
 		b, err := d.dialer.Dial(hardStop, d.brokerChanged)
 		if err != nil {
 			why := err.Error()

@@ -3,6 +3,7 @@ package drainer
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -156,12 +157,10 @@ func (c Config) sinkName() string {
 	return "broker"
 }
 
-// capitalized is s with its first letter in upper case (ASCII).
-func capitalized(s string) string {
-	if s == "" || s[0] < 'a' || s[0] > 'z' {
-		return s
-	}
-	return string(s[0]-'a'+'A') + s[1:]
+// sinkUnavailable is the log line of a sink that cannot be dialled.
+func (c Config) sinkUnavailable() string {
+	name := c.sinkName()
+	return strings.ToUpper(name[:1]) + name[1:] + " unavailable; claiming paused"
 }
 
 // MinLeaseTTL is the shortest lease that covers a full pipeline of

@@ -25,36 +25,32 @@ import (
 // API server failing to answer.
 func (p *Prober) readOutbox(ctx context.Context, t Target) (status.Probe, string, error) {
 	var probe status.Probe
-	databaseURL, missing, err := p.secretValue(ctx, t.Key.Namespace, "database URL", t.Database.URLSecretRef)
+	// read reads one Secret key, noting it when it is missing.
+	read := func(what string, ref v1alpha1.SecretKeyRef) (string, error) {
+		value, missing, err := p.secretValue(ctx, t.Key.Namespace, what, ref)
+		if missing != "" {
+			probe.MissingSecrets = append(probe.MissingSecrets, missing)
+		}
+		return value, err
+	}
+	databaseURL, err := read("database URL", t.Database.URLSecretRef)
 	if err != nil {
 		return probe, "", err
 	}
-	if missing != "" {
-		probe.MissingSecrets = append(probe.MissingSecrets, missing)
-	}
-	sinkURL, missing, err := p.secretValue(ctx, t.Key.Namespace, sinkName(t.SinkKind)+" URL", t.Sink)
+	sinkURL, err := read(sinkName(t.SinkKind)+" URL", t.Sink)
 	if err != nil {
 		return probe, "", err
-	}
-	if missing != "" {
-		probe.MissingSecrets = append(probe.MissingSecrets, missing)
 	}
 	if t.Signing != nil {
 		// A webhook's drainers sign with it; its value is not needed here.
-		if _, missing, err = p.secretValue(ctx, t.Key.Namespace, "webhook signing secret", *t.Signing); err != nil {
+		if _, err := read("webhook signing secret", *t.Signing); err != nil {
 			return probe, "", err
-		}
-		if missing != "" {
-			probe.MissingSecrets = append(probe.MissingSecrets, missing)
 		}
 	}
 	if pooler := t.Database.Pooler; pooler != nil && pooler.DirectURLSecretRef != nil {
 		// The drainers mount it; the read goes through the pooler.
-		if _, missing, err = p.secretValue(ctx, t.Key.Namespace, "direct database URL", *pooler.DirectURLSecretRef); err != nil {
+		if _, err := read("direct database URL", *pooler.DirectURLSecretRef); err != nil {
 			return probe, "", err
-		}
-		if missing != "" {
-			probe.MissingSecrets = append(probe.MissingSecrets, missing)
 		}
 	}
 	tlsMissing, err := p.missingTLSKeys(ctx, t)

@@ -180,10 +180,11 @@ func retryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// readSnippet reads up to maxResponseBytes of body and returns the first
-// maxSnippet of them.
+// readSnippet returns the first maxSnippet bytes of body and discards the
+// rest, up to maxResponseBytes, so that the connection can be used again:
+// every response is read, and only a refusal's start is kept.
 func readSnippet(body io.Reader) []byte {
-	var buf bytes.Buffer
-	_, _ = io.Copy(&buf, io.LimitReader(body, maxResponseBytes))
-	return buf.Bytes()[:min(buf.Len(), maxSnippet)]
+	snippet, _ := io.ReadAll(io.LimitReader(body, maxSnippet))
+	_, _ = io.Copy(io.Discard, io.LimitReader(body, maxResponseBytes-int64(len(snippet))))
+	return snippet
 }

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -68,11 +67,15 @@ func (b *bench) webhooks(ctx context.Context) []string {
 	defer func() { _ = recv.srv.Close() }()
 	spec := b.outbox(ctx)
 	defer b.exec(ctx, "DROP TABLE "+spec.Name)
-	secrets, err := testenv.WriteSecrets(os.TempDir(), testenv.NewSecret())
+	dir, err := os.MkdirTemp("", "spillway-bench-webhook")
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer func() { _ = os.Remove(filepath.Clean(secrets)) }()
+	defer func() { _ = os.RemoveAll(dir) }()
+	secrets, err := testenv.WriteSecrets(dir, testenv.NewSecret())
+	if err != nil {
+		log.Fatal(err)
+	}
 	drain := func(batchRows int) run {
 		b.seed(ctx, spec, *events, 0)
 		return b.drain(ctx, spec, 1, func(c *drainer.Config) {
