@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
@@ -59,9 +61,12 @@ var _ = Describe("Draining to a webhook", Label(tier.DB), func() {
 	// must be poisoned, then accounts for every row in the receiver's
 	// ledger and reports it.
 	settled := func(ctx context.Context, fault string, gone int) (duplicates int) {
-		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NOT NULL") }, 90*time.Second, 50*time.Millisecond).
-			Should(Equal(rows-gone), "every row published")
-		Expect(db.Count(ctx, spec.Name, "published_at IS NULL AND available_at = 'infinity' AND attempts >= 10")).To(Equal(gone), "gone rows poisoned")
+		// Both, together: a row's poisoning and the others' publishing are
+		// settled apart.
+		Eventually(func() []int {
+			return []int{db.Count(ctx, spec.Name, "published_at IS NOT NULL"),
+				db.Count(ctx, spec.Name, "published_at IS NULL AND available_at = 'infinity' AND attempts >= 10")}
+		}, 90*time.Second, 50*time.Millisecond).Should(Equal([]int{rows - gone, gone}), "every row published, and the gone ones poisoned")
 		// A published row was taken before its 2xx was sent.
 		lost, duplicates := receiver.Account(ids)
 		Expect(lost).To(HaveLen(gone), "no row lost but the gone ones, which are poisoned, not lost")
@@ -177,6 +182,25 @@ var _ = Describe("Draining to a webhook", Label(tier.DB), func() {
 		Expect(db.Count(ctx, spec.Name, "attempts = 1")).To(Equal(rows))
 	})
 
+	It("in batches, poisons only the row a receiver refuses, however many batches it was sent in", func(ctx SpecContext) {
+		bad := ids[7]
+		receiver.Answer = func(w http.ResponseWriter, r *http.Request, id string, _ int) bool {
+			body, _ := io.ReadAll(r.Body)
+			if slices.Contains(testenv.Carried(id, r.Header, body), bad) {
+				http.Error(w, "bad row", http.StatusBadRequest)
+				return false
+			}
+			w.WriteHeader(http.StatusOK)
+			return true
+		}
+		cfg := webhookConfig(64)
+		cfg.Webhook.BatchRows = 16
+		startDrainer(ctx, cfg)
+		Expect(settled(ctx, "one row refused with 400, batches of 16", 1)).To(BeZero())
+		Expect(db.IDs(ctx, spec.Name, "last_error = 'HTTP 400 Bad Request: bad row' AND attempts = 10")).To(Equal([]string{bad}))
+		Expect(db.Count(ctx, spec.Name, "attempts > 0")).To(Equal(1), "the rows batched with it count no attempt")
+	})
+
 	It("poisons at once the rows a receiver answers 410 Gone, where that is set", func(ctx SpecContext) {
 		gone := map[string]bool{}
 		for _, id := range ids[:25] {
@@ -246,7 +270,8 @@ var _ = Describe("Draining an ordered outbox to a webhook", Label(tier.DB), func
 		spec := db.OrderedOutbox(ctx, "")
 		db.SeedKeys(ctx, spec.Name, 20, 25)
 		var mu sync.Mutex
-		inFlight, mostInFlight, last, reordered := map[string]int{}, 0, map[string]int{}, 0
+		// arrived is each key's seqs in the order they first arrived.
+		inFlight, mostInFlight, arrived, seen := map[string]int{}, 0, map[string][]int{}, map[string]bool{}
 		receiver.Inspect = func(body []byte) {
 			var event struct {
 				Key string `json:"key"`
@@ -256,10 +281,10 @@ var _ = Describe("Draining an ordered outbox to a webhook", Label(tier.DB), func
 			mu.Lock()
 			inFlight[event.Key]++
 			mostInFlight = max(mostInFlight, inFlight[event.Key])
-			if event.Seq != last[event.Key]+1 && event.Seq > last[event.Key] {
-				reordered++
+			if first := fmt.Sprint(event.Key, "/", event.Seq); !seen[first] {
+				seen[first] = true
+				arrived[event.Key] = append(arrived[event.Key], event.Seq)
 			}
-			last[event.Key] = max(last[event.Key], event.Seq)
 			mu.Unlock()
 			time.Sleep(2 * time.Millisecond) // long enough for a second request of the key to overlap, were one sent
 			mu.Lock()
@@ -278,11 +303,14 @@ var _ = Describe("Draining an ordered outbox to a webhook", Label(tier.DB), func
 		Eventually(func() int { return db.Count(ctx, spec.Name, "published_at IS NULL") }, 60*time.Second).Should(BeZero())
 		mu.Lock()
 		defer mu.Unlock()
-		Expect(last).To(HaveLen(20))
-		for key, seq := range last {
-			Expect(seq).To(Equal(25), key)
+		inOrder := make([]int, 25)
+		for i := range inOrder {
+			inOrder[i] = i + 1
 		}
-		Expect(reordered).To(BeZero(), "each key's rows posted in enqueue order")
+		Expect(arrived).To(HaveLen(20))
+		for key, seqs := range arrived {
+			Expect(seqs).To(Equal(inOrder), "key %s's rows posted in enqueue order", key)
+		}
 		Expect(mostInFlight).To(Equal(1), "one request per key in flight")
 	})
 })

@@ -261,12 +261,25 @@ func (c *conn) start(r *request, rides []*delivery) error {
 	}
 	go func() {
 		defer cancel()
-		o := c.send(req)
+		o := batchOutcome(c.send(req), len(rides))
 		for _, d := range rides {
 			d.resolve(o)
 		}
 	}()
 	return nil
+}
+
+// batchOutcome is the outcome of each of the rows a request carried. A
+// refusal of a batch of rows that is not the endpoint's transient state
+// says one of them is at fault, but not which: counting an attempt against
+// every row would poison the rows sent beside a bad one. The batch is lost
+// instead, so the engine sends each of its rows alone next (its strikes),
+// and the bad row's own refusal counts its attempts.
+func batchOutcome(o sink.Outcome, rows int) sink.Outcome {
+	if rows == 1 || o.Kind != sink.Refused || o.Reason == reasonTransient {
+		return o
+	}
+	return sink.Outcome{Kind: sink.Lost, Detail: fmt.Sprintf("a request of %d rows refused as a whole, its rows sent alone next: %s", rows, o.Detail)}
 }
 
 // send runs one request and classifies its response.

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -108,22 +109,23 @@ func (r *Receiver) serve(w http.ResponseWriter, req *http.Request) {
 	}
 	took := true
 	if answer != nil {
+		req.Body = io.NopCloser(bytes.NewReader(body)) // read again, for an answer that reads it
 		took = answer(w, req, id, n)
 	} else {
 		w.WriteHeader(http.StatusNoContent)
 	}
 	if took {
 		r.mu.Lock()
-		for _, id := range carried(id, req.Header, body) {
+		for _, id := range Carried(id, req.Header, body) {
 			r.took[id]++
 		}
 		r.mu.Unlock()
 	}
 }
 
-// carried are the ids of the rows a request carries: its webhook-id, or
+// Carried are the ids of the rows a request carries: its webhook-id, or
 // for a batch request the ids of its envelopes.
-func carried(id string, h http.Header, body []byte) []string {
+func Carried(id string, h http.Header, body []byte) []string {
 	if h.Get("Webhook-Batch-Size") == "" {
 		return []string{id}
 	}
