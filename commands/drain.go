@@ -14,11 +14,13 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 
 	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/drainer/webhook"
 	"github.com/spillway-io/spillway/secret"
+	"github.com/spillway-io/spillway/telemetry"
 )
 
 // ParseDrainFlags turns the arguments of `spillway drain` into a checked
@@ -56,6 +58,12 @@ func DrainCommand(ctx context.Context, args []string) error {
 	for _, note := range store.Notes() {
 		log.Warn(note)
 	}
+	tracing, stopTracing, err := telemetry.Start(ctx, "spillway-drainer", semconv.ServiceInstanceID(cfg.DrainerID))
+	if err != nil {
+		return err
+	}
+	defer flushSpans(stopTracing, log)
+	cfg.Tracing = tracing
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	d, err := drainer.New(cfg, store, drainer.NewMetrics(reg), log)
@@ -80,6 +88,16 @@ func DrainCommand(ctx context.Context, args []string) error {
 		"database", secret.RedactURL(cfg.Database.URL), "databaseFile", cfg.Database.File, "poolMode", cfg.Pooling.Options("", false).Mode},
 		sinkAttrs...), "gcPercent", gcPercent, "memoryLimitBytes", memoryLimit)...)
 	return d.Run(ctx)
+}
+
+// flushSpans sends the spans still buffered, for a few seconds at most:
+// an exporter that cannot reach its collector must not hold up a shutdown.
+func flushSpans(stop func(context.Context) error, log *slog.Logger) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := stop(ctx); err != nil {
+		log.Warn("Could not send the last spans", "error", err)
+	}
 }
 
 // registerDrainFlags binds every drain flag to c, whose values are the

@@ -18,6 +18,7 @@ import (
 
 	"github.com/spillway-io/spillway/controllers"
 	"github.com/spillway-io/spillway/controllers/probe"
+	"github.com/spillway-io/spillway/telemetry"
 )
 
 // managerOptions are spillway manager's flags.
@@ -105,7 +106,12 @@ func ManagerCommand(ctx context.Context, args []string) error {
 	if err := mgr.AddReadyzCheck("readyz", healthz.Ping); err != nil {
 		return err
 	}
-	if err := controllers.Setup(ctx, mgr, scheme, controllers.Options{Image: o.image, Probe: o.probe}); err != nil {
+	tracing, stopTracing, err := telemetry.Start(ctx, "spillway-operator")
+	if err != nil {
+		return err
+	}
+	defer flushSpans(stopTracing, slog.Default())
+	if err := controllers.Setup(ctx, mgr, scheme, controllers.Options{Image: o.image, Probe: o.probe, Tracing: tracing}); err != nil {
 		return err
 	}
 	return mgr.Start(ctx)

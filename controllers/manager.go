@@ -3,6 +3,7 @@ package controllers
 import (
 	"context"
 
+	"go.opentelemetry.io/otel/trace"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -71,6 +72,8 @@ type Options struct {
 	// Image is the image of fleets that name none: the operator's own.
 	Image string
 	Probe probe.Options
+	// Tracing, when set, makes each reconcile a span.
+	Tracing trace.TracerProvider
 }
 
 // Setup adds the reconcilers of OutboxDrainers and OutboxReplays, and the
@@ -84,6 +87,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, scheme *runtime.Scheme, opts O
 		Recorder:  recorder,
 		Image:     opts.Image,
 		Prober:    probe.New(mgr.GetAPIReader(), recorder, probe.DefaultMetrics(), opts.Probe),
+		Tracing:   opts.Tracing,
 	}
 	if err := reconciler.SetupWithManager(ctx, mgr); err != nil {
 		return err
@@ -94,6 +98,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, scheme *runtime.Scheme, opts O
 		Recorder:  recorder,
 		Timeout:   opts.Probe.Timeout,
 		Prober:    reconciler.Prober,
+		Tracing:   opts.Tracing,
 	}
 	return replays.SetupWithManager(ctx, mgr)
 }

@@ -37,10 +37,15 @@ func fetch(url string) func() string {
 }
 
 var _ = Describe("spillway manager", func() {
-	It("takes the leader lease, serves /healthz and /readyz, and /metrics, with the outboxes' numbers, only to scrapers the API server authorizes", func(ctx SpecContext) {
+	It("takes the leader lease, serves /healthz and /readyz, and /metrics, with the outboxes' numbers, only to scrapers the API server authorizes, and traces its reconciles", func(ctx SpecContext) {
 		ns := namespace(ctx)
 		probeAddr, metricsAddr := suite.FreeAddr(), suite.FreeAddr()
 		GinkgoT().Setenv("KUBECONFIG", kubeconfig)
+		collector, err := testenv.StartCollector()
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(collector.Stop)
+		GinkgoT().Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.Endpoint())
+		GinkgoT().Setenv("OTEL_BSP_SCHEDULE_DELAY", "200") // milliseconds
 		managerCtx, stop := context.WithCancel(context.Background())
 		done := make(chan error, 1)
 		go func() {
@@ -121,5 +126,11 @@ var _ = Describe("spillway manager", func() {
 		Expect(scrape("")()).To(HavePrefix("401: "), "no token")
 		Expect(scrape(stranger)()).To(HavePrefix("403: "), "a token without get on /metrics")
 		Expect(fetch("http://"+metricsAddr+"/metrics")()).To(HavePrefix("400: "), "no plain HTTP")
+
+		Eventually(collector.Spans).Should(ContainElement(And(
+			HaveField("Name", "reconcile OutboxDrainer"),
+			HaveField("Attributes", And(HaveKeyWithValue("spillway.fleet", "orders"), HaveKeyWithValue("k8s.namespace.name", ns))),
+			HaveField("Resource", HaveKeyWithValue("service.name", "spillway-operator")))))
+		Expect(collector.Errors()).To(BeEmpty())
 	})
 })

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
@@ -70,6 +71,8 @@ type OutboxDrainerReconciler struct {
 	Image string
 	// Prober reads the outboxes off the reconcile path.
 	Prober *probe.Prober
+	// Tracing, when set, makes each reconcile a span.
+	Tracing trace.TracerProvider
 
 	// departures are the drainer pods seen deleted.
 	departures departures
@@ -425,7 +428,7 @@ func (r *OutboxDrainerReconciler) SetupWithManager(ctx context.Context, mgr ctrl
 		// Each read of an outbox, done or failed, comes back as an event.
 		WatchesRawSource(r.Prober.Source()).
 		WithOptions(controller.Options{MaxConcurrentReconciles: 4}).
-		Complete(r)
+		Complete(traced(r, r.Tracing, "OutboxDrainer"))
 }
 
 // drainersUsingSecret maps a Secret to the OutboxDrainers that reference it,

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -54,6 +55,8 @@ type OutboxReplayReconciler struct {
 	// Prober, when set, reads the changed outbox again at once, so that the
 	// OutboxDrainer's poisoned count follows the change.
 	Prober *probe.Prober
+	// Tracing, when set, makes each reconcile a span.
+	Tracing trace.TracerProvider
 }
 
 // +kubebuilder:rbac:groups=spillway.io,resources=outboxreplays,verbs=get;list;watch
@@ -230,7 +233,7 @@ func (r *OutboxReplayReconciler) SetupWithManager(ctx context.Context, mgr ctrl.
 			MaxConcurrentReconciles: 2,
 			RateLimiter:             workqueue.NewTypedItemExponentialFailureRateLimiter[reconcile.Request](time.Second, 5*time.Minute),
 		}).
-		Complete(r)
+		Complete(traced(r, r.Tracing, "OutboxReplay"))
 }
 
 // replaysOf maps an OutboxDrainer to the OutboxReplays that name it and are

@@ -1,6 +1,8 @@
 package drainer
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"sync"
 	"time"
@@ -88,7 +90,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 		if len(c.claim.Rows) > 0 {
 			// Should the broker have failed since the claim, publish
 			// releases the batch.
-			b := d.publish(ctx, p, c.claim, c.started)
+			b := d.publish(ctx, p, c)
 			if d.cfg.SerialBatches {
 				p.drain()
 				<-b.settled
@@ -122,7 +124,7 @@ func (d *Drainer) claimLoop(ctx, hardStop context.Context, p *pipeline) {
 		if <-next.done; next.err != nil {
 			d.releaseUnread(hardStop)
 		} else if len(next.claim.Rows) > 0 {
-			d.publish(ctx, p, next.claim, next.started)
+			d.publish(ctx, p, next)
 		}
 	}
 }
@@ -163,6 +165,8 @@ type pendingClaim struct {
 	size  int
 	claim outbox.Claimed
 	err   error
+	// span is the claim's span, invalid while tracing is off.
+	span trace.SpanContext
 }
 
 // claim runs phase 1 in the background. Shutdown does not cancel the
@@ -185,7 +189,12 @@ func (d *Drainer) claim(hardStop context.Context) *pendingClaim {
 		params.BatchSize = d.rate.claimSize(params.BatchSize)
 		c.size = params.BatchSize
 		start := time.Now()
+		ctx, span := d.startStatement(ctx, "claim", nil)
 		c.claim, c.err = d.store.Claim(ctx, params)
+		if span != nil {
+			c.span = span.SpanContext()
+			endStatement(span, len(c.claim.Rows), c.err)
+		}
 		if c.err == nil {
 			if len(c.claim.Rows) > 0 {
 				d.held.add(c.claim.Token)

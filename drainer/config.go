@@ -1,6 +1,8 @@
 package drainer
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"fmt"
 	"math"
 	"strings"
@@ -28,6 +30,9 @@ type Config struct {
 	Broker  rabbitmq.Config
 	// Webhook, when set, is where rows go instead of the broker.
 	Webhook *webhook.Config
+	// Tracing, when set, is where the drainer's spans go (see tracing.go);
+	// a row's trace context is carried on in its message either way.
+	Tracing trace.TracerProvider
 
 	BatchSize     int
 	PipelineDepth int

@@ -1,6 +1,8 @@
 package drainer
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"errors"
 	"fmt"
@@ -60,6 +62,8 @@ type outcome struct {
 type batch struct {
 	claim    outbox.Claimed
 	outcomes []outcome
+	// span is the claim's span, which its rows' publish spans link to.
+	span trace.SpanContext
 	// settled is closed once phase 3 is done with the batch.
 	settled chan struct{}
 }
@@ -109,6 +113,10 @@ type Drainer struct {
 	rate *rateCap
 	// guard is --max-commit-latency, or nil; settle goroutine only.
 	guard *commitGuard
+	// tracer is nil while tracing is off; span is how the sink's publishes
+	// appear as spans.
+	tracer trace.Tracer
+	span   sink.SpanShape
 }
 
 // New checks the config and returns a drainer over store.
@@ -136,6 +144,9 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 		held:        heldClaims{tokens: map[int64]int{}},
 		refusals:    newRefusals(store.Table().Name(), metrics),
 		guard:       newCommitGuard(cfg.MaxCommitLatency),
+	}
+	if cfg.Tracing != nil {
+		d.tracer, d.span = cfg.Tracing.Tracer(tracerName), d.dialer.Span()
 	}
 	d.countOthers = d.roster.Others
 	if !store.HasSessions() {

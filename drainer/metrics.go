@@ -37,6 +37,9 @@ type Metrics struct {
 	// requests: each request's status class, and its time to a response.
 	WebhookResponses *prometheus.CounterVec
 	WebhookDuration  prometheus.Histogram
+	// TraceDropped counts the malformed trace contexts of rows, published
+	// without them.
+	TraceDropped *prometheus.CounterVec
 }
 
 // NewMetrics creates the collectors and registers them with reg.
@@ -59,6 +62,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "confirm_duration_seconds", Help: "Time from publish to broker confirm.", Buckets: latencyBuckets(15)}),
 		WebhookResponses: prometheus.NewCounterVec(prometheus.CounterOpts(opts("webhook_responses_total",
 			"A webhook sink's requests (a batch request counts once), by the status class of the response: 2xx, 3xx, 4xx, 5xx, or none (refused, reset, timed out).")), []string{"class"}),
+		TraceDropped: prometheus.NewCounterVec(prometheus.CounterOpts(opts("trace_context_dropped_total",
+			"Malformed trace contexts of rows, left off their messages, by the header dropped (traceparent, tracestate); the rows are published.")), []string{"header"}),
 		WebhookDuration: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
 			Name: "webhook_request_duration_seconds", Help: "A webhook sink's requests, from sending to the response or the failure.", Buckets: latencyBuckets(15)}),
 		BatchSize: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "spillway", Subsystem: "drainer",
@@ -92,7 +97,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.Claimed, m.Published, m.Failed, m.Released, m.LeaseLost,
 		m.ClaimDuration, m.ConfirmLatency, m.BatchSize, m.InFlight, m.LastPublish, m.Listening, m.BrokerConnected, m.BrokerBlocked, m.RateShare,
 		m.CommitLatency, m.CommitPace, m.CommitPaceCuts, m.Pruned, m.Shelved,
-		m.StatementErrors, m.StatementFailing, m.WebhookResponses, m.WebhookDuration)
+		m.StatementErrors, m.StatementFailing, m.WebhookResponses, m.WebhookDuration, m.TraceDropped)
 	return m
 }
 

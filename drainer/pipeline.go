@@ -1,6 +1,8 @@
 package drainer
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"sync/atomic"
 	"time"
@@ -24,6 +26,8 @@ type inflight struct {
 	// alone: nothing else was in flight, so a connection failure before its
 	// confirm is pinned on this row.
 	alone bool
+	// span is the row's publish span, nil while tracing is off.
+	span trace.Span
 }
 
 // window is the rows in flight, oldest first: a queue that reuses its array.
@@ -99,6 +103,9 @@ func (p *pipeline) passKnown() {
 // progress, which /healthz reports once it lasts longer than a lease.
 func (p *pipeline) pass(e inflight) {
 	e.batch.outcomes[e.index] = e.outcome
+	if e.span != nil {
+		endPublish(e.span, e.outcome)
+	}
 	if e.index == len(e.batch.claim.Rows)-1 {
 		p.settle <- e.batch
 	}

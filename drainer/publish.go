@@ -7,16 +7,16 @@ import (
 	"time"
 
 	"github.com/spillway-io/spillway/drainer/sink"
-	"github.com/spillway-io/spillway/outbox"
 )
 
 // Phase 2: publishing a claim's rows, and classifying each confirm.
 
-// publish is phase 2 for one batch, claimed at claimed (by this drainer's
+// publish is phase 2 for one batch, claimed at c.started (by this drainer's
 // clock, before the claim's statement went out). Every row enters the
 // pipeline, published or with its outcome already known.
-func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claimed, claimed time.Time) *batch {
-	bt := &batch{claim: c, outcomes: make([]outcome, len(c.Rows)), settled: make(chan struct{})}
+func (d *Drainer) publish(ctx context.Context, p *pipeline, c *pendingClaim) *batch {
+	bt := &batch{claim: c.claim, outcomes: make([]outcome, len(c.claim.Rows)), settled: make(chan struct{}), span: c.span}
+	claimed := c.started
 	// The publish itself must not be cut by shutdown: a half-written frame
 	// would close the channel under the in-flight confirms. The hard stop
 	// cuts the socket instead.
@@ -43,7 +43,9 @@ func (d *Drainer) publish(ctx context.Context, p *pipeline, c outbox.Claimed, cl
 			p.add(e)
 			continue
 		}
-		msg, fault := d.broker.Prepare(*row)
+		tc, span := d.startPublish(row, bt.span)
+		e.span = span
+		msg, fault := d.broker.Prepare(*row, tc)
 		// The message holds the payload until it is written; the batch
 		// keeps only what phase 3 needs, so memory follows the rows not yet
 		// published, not the rows not yet settled.

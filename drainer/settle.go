@@ -1,6 +1,8 @@
 package drainer
 
 import (
+	"go.opentelemetry.io/otel/trace"
+
 	"context"
 	"time"
 
@@ -89,6 +91,13 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 	// refused is unready, and must be ready again within a poll of the cure.
 	every := newRetryBackoff()
 	every.MaxInterval = min(every.MaxInterval, d.cfg.PollInterval*2/3) // and its jitter of a half
+	var links []trace.Link
+	for _, b := range group {
+		if b.span.IsValid() {
+			links = append(links, trace.Link{SpanContext: b.span})
+		}
+	}
+	ctx, span := d.startStatement(ctx, "settle", links)
 	done, err := backoff.Retry(ctx, func() (outbox.Settled, error) {
 		tries++
 		done, err := d.store.Settle(ctx, d.cfg.DrainerID, st, d.cfg.failurePolicy())
@@ -99,6 +108,7 @@ func (d *Drainer) settle(ctx context.Context, group []*batch) {
 		}
 		return done, err
 	}, backoff.WithBackOff(every), backoff.WithMaxElapsedTime(0))
+	endStatement(span, int(done.Published+done.Failed+done.Released), err)
 	if err != nil {
 		d.log.Error("Settle gave up; the rows will be claimed again when their lease expires",
 			"rows", len(st.Published)+len(st.Failed)+len(st.Released), "error", err)

@@ -26,6 +26,9 @@ type Row struct {
 	EnqueuedAt time.Time
 	// Key is the row's ordering key, on an ordered table; nil otherwise.
 	Key *string
+	// TraceParent and TraceState are the row's trace context columns; nil
+	// where the table has none, or the row holds NULL.
+	TraceParent, TraceState *string
 	// place is the row's place in its claim's due order.
 	place int64
 }
@@ -148,7 +151,7 @@ func collectClaim(rows pgx.Rows) (Claimed, error) {
 	defer rows.Close()
 	var c Claimed
 	var row Row
-	into := []any{&row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &row.place, &c.Due}
+	into := []any{&row.ID, &row.At.Table, &row.At.TID, &c.Token, &row.Payload, &row.Size, &row.RoutingKey, &row.Headers, &row.EnqueuedAt, &row.place, &c.Due, &row.TraceParent, &row.TraceState}
 	for rows.Next() {
 		if err := rows.Scan(into...); err != nil {
 			return Claimed{}, err
@@ -250,7 +253,7 @@ func collectOrderedClaim(rows pgx.Rows) (Claimed, error) {
 	var token, enqueued *time.Time
 	var size, place *int64
 	var row Row
-	scan := []any{&id, &table, &row.At.TID, &token, &row.Payload, &size, &row.RoutingKey, &row.Headers, &enqueued, &row.Key, &place, &c.Due, &c.Scanned, &c.Deferred}
+	scan := []any{&id, &table, &row.At.TID, &token, &row.Payload, &size, &row.RoutingKey, &row.Headers, &enqueued, &row.Key, &place, &c.Due, &c.Scanned, &c.Deferred, &row.TraceParent, &row.TraceState}
 	_, err := pgx.ForEachRow(rows, scan, func() error {
 		if id != nil {
 			row.ID, row.At.Table, row.Size, row.EnqueuedAt, row.place, c.Token = *id, *table, *size, *enqueued, *place, *token

@@ -31,6 +31,11 @@ type Columns struct {
 	Attempts    string
 	LastError   string
 	ParkedAt    string
+	// TraceParent and TraceState hold a row's W3C trace context, which its
+	// message carries on (see the traceparent and tracestate keys of the
+	// headers column for the other place it may be).
+	TraceParent string
+	TraceState  string
 }
 
 // RoutingKey says where a row's routing key comes from. At most one field is
@@ -81,6 +86,10 @@ var contract = []logicalColumn{
 	// no claim reaches it. Nullable without a default, so adding it rewrites
 	// nothing; a table without it can be replayed, not parked.
 	{flag: "parkedAt", canonical: "parked_at", sqlType: "timestamptz", migrate: true, field: func(c *Columns) *string { return &c.ParkedAt }},
+	// The trace context of the transaction that wrote the row. A new table
+	// has them; an existing one without them is read as if they were NULL.
+	{flag: "traceparent", canonical: "traceparent", sqlType: "text", field: func(c *Columns) *string { return &c.TraceParent }},
+	{flag: "tracestate", canonical: "tracestate", sqlType: "text", field: func(c *Columns) *string { return &c.TraceState }},
 }
 
 // ColumnFlagNames lists the logical names accepted by --columns.

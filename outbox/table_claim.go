@@ -113,7 +113,7 @@ func (t *Table) Claim(p ClaimParams) Statement {
 		return t.claimInOrder(p)
 	}
 	args, terms := t.claimTerms(p)
-	terms = append(terms, t.notLeased("$4"), strings.Join(t.stampLease(p.LeaseInDueTime), ", "))
+	terms = append(terms, t.notLeased("$4"), strings.Join(t.stampLease(p.LeaseInDueTime), ", "), t.traceContext("o"))
 	sql := fmt.Sprintf(`WITH RECURSIVE live AS MATERIALIZED (
 	SELECT tableoid AS toid, ctid AS tid, %[3]s AS due_at, %[13]s AS size
 	FROM %[1]s
@@ -127,7 +127,7 @@ UPDATE %[1]s AS o SET %[15]s
 FROM taken k
 WHERE `+takenRows+`
 RETURNING o.%[2]s::text, o.tableoid, o.ctid, o.%[7]s, CASE WHEN k.size <= $5 THEN o.%[9]s END, k.size, %[10]s, %[11]s, %[12]s,
-	k.n, (SELECT count(*) FROM live)`, terms...)
+	k.n, (SELECT count(*) FROM live), %[16]s`, terms...)
 	return Statement{SQL: sql, Args: args}
 }
 
@@ -238,6 +238,18 @@ UPDATE %[1]s AS o SET %[3]s = 'infinity', %[5]s = NULL, %[6]s = NULL WHERE %[7]s
 			t.ident, q(c.PublishedAt), q(c.AvailableAt), t.live("$1"), q(c.ClaimedAt), q(c.ClaimedBy), locatedIn("spent"), t.notLeased("$3")),
 		Args: []any{maxAttempts, limit, lease.Milliseconds()},
 	}
+}
+
+// traceContext is the trace context columns of the row aliased alias, as
+// text named trace_parent and trace_state, NULL where the table lacks one.
+func (t *Table) traceContext(alias string) string {
+	column := func(name, as string) string {
+		if name == "" {
+			return "NULL::text AS " + as
+		}
+		return alias + "." + q(name) + "::text AS " + as
+	}
+	return column(t.cols.TraceParent, "trace_parent") + ", " + column(t.cols.TraceState, "trace_state")
 }
 
 // payloadSize is the size of the payload of the row aliased alias as the

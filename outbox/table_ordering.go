@@ -233,14 +233,14 @@ claimed AS (
 	WHERE `+takenRows+`
 	RETURNING o.%[2]s::text AS id, o.tableoid AS toid, o.ctid AS tid, o.%[7]s AS token,
 		CASE WHEN k.size <= $5 THEN o.%[9]s END AS payload, k.size, %[10]s AS routing_key, %[11]s AS headers, %[12]s AS enqueued_at,
-		o.%[14]s::text AS okey, k.n AS place
+		o.%[14]s::text AS okey, k.n AS place, %[22]s
 )
 SELECT c.id, c.toid, c.tid, c.token, c.payload, c.size, c.routing_key, c.headers, c.enqueued_at, c.okey, c.place,
 	(SELECT count(*) FROM live), (SELECT count(*) FROM scan),
-	(SELECT count(*) FROM due WHERE NOT head AND NOT waits)
+	(SELECT count(*) FROM due WHERE NOT head AND NOT waits), c.trace_parent, c.trace_state
 FROM (SELECT) one LEFT JOIN claimed c ON true`,
 		append(terms, q(t.order.key), enqueued, t.isHead("s", "$3"), waitingDue, locatedIn("due WHERE waits"), t.stillHeld("s", "$3"),
-			t.notLeased("$4"), strings.Join(t.stampLease(true), ", "))...)
+			t.notLeased("$4"), strings.Join(t.stampLease(true), ", "), t.traceContext("o"))...)
 	return Statement{SQL: sql, Args: args}
 }
 

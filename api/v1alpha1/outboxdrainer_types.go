@@ -54,6 +54,14 @@ type Columns struct {
 	// ParkedAt marks parked rows; spillway migrate adds it.
 	// +optional
 	ParkedAt Identifier `json:"parkedAt,omitempty"`
+	// TraceParent and TraceState hold the W3C trace context of the
+	// transaction that wrote a row, which its message carries on. Without
+	// them, the traceparent and tracestate keys of the headers column are
+	// used.
+	// +optional
+	TraceParent Identifier `json:"traceparent,omitempty"`
+	// +optional
+	TraceState Identifier `json:"tracestate,omitempty"`
 }
 
 // RoutingKey says where a row's routing key comes from. With none set, it is
@@ -425,6 +433,10 @@ type OutboxDrainerSpec struct {
 	// Pod is added to the drainer pods.
 	// +optional
 	Pod PodOverlay `json:"pod,omitzero"`
+	// Telemetry sends the drainers' traces to an OpenTelemetry collector.
+	// A row's trace context goes on in its message either way.
+	// +optional
+	Telemetry *Telemetry `json:"telemetry,omitempty"`
 }
 
 // OutboxDrainer is a fleet of drainers moving one outbox table's rows to

@@ -3,6 +3,7 @@ package resource
 import (
 	"maps"
 	"math"
+	"slices"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -97,10 +98,10 @@ func (b *DeploymentBuilder) spec() appsv1.DeploymentSpec {
 					// The drainer ID is the pod name: a restarted container
 					// inherits it and releases its predecessor's claims. The
 					// user's variables come after it and cannot replace it.
-					Env: append([]corev1.EnvVar{{
+					Env: slices.Concat([]corev1.EnvVar{{
 						Name:      "POD_NAME",
 						ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "metadata.name"}},
-					}}, withoutEnv(overlay.Env, "POD_NAME")...),
+					}}, telemetryEnv(od, overlay.Env), withoutEnv(overlay.Env, "POD_NAME")),
 					Ports:     []corev1.ContainerPort{{Name: MetricsPortName, ContainerPort: MetricsPort, Protocol: corev1.ProtocolTCP}},
 					Resources: resources(od.Spec.Resources),
 					// Alive while the process serves; ready while the database

@@ -162,6 +162,23 @@ var _ = Describe("The drainer Deployment", func() {
 		}))
 	})
 
+	It("turns tracing on through the standard OTEL_* variables only when spec.telemetry is set, naming the fleet, its namespace and the pod", func() {
+		Expect(drainerContainer(builtDeployment(od)).Env).NotTo(ContainElement(HaveField("Name", HavePrefix("OTEL_"))))
+		od.Spec.Telemetry = &v1alpha1.Telemetry{Endpoint: "http://otel-collector.monitoring:4318", Sampler: "parentbased_traceidratio", SamplerRatio: "0.01",
+			ResourceAttributes: map[string]string{"team": "payments & billing", "deployment.environment.name": "prod"}}
+		od.Spec.Pod.Env = []corev1.EnvVar{{Name: "OTEL_EXPORTER_OTLP_PROTOCOL", Value: "grpc"}}
+		env := drainerContainer(builtDeployment(od)).Env
+		Expect(env[0].Name).To(Equal("POD_NAME"), "first, so that k8s.pod.name can refer to it")
+		Expect(env[1:]).To(Equal([]corev1.EnvVar{
+			{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.monitoring:4318"},
+			{Name: "OTEL_TRACES_SAMPLER", Value: "parentbased_traceidratio"},
+			{Name: "OTEL_RESOURCE_ATTRIBUTES", Value: "deployment.environment.name=prod,k8s.namespace.name=" + od.Namespace +
+				",spillway.fleet=" + od.Name + ",team=payments%20&%20billing,k8s.pod.name=$(POD_NAME)"},
+			{Name: "OTEL_TRACES_SAMPLER_ARG", Value: "0.01"},
+			{Name: "OTEL_EXPORTER_OTLP_PROTOCOL", Value: "grpc"},
+		}), "the overlay's protocol wins, set once")
+	})
+
 	It("probes liveness and readiness on the drainer's metrics port", func() {
 		c := drainerContainer(builtDeployment(od))
 		Expect(c.Ports).To(ConsistOf(corev1.ContainerPort{Name: "metrics", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}))

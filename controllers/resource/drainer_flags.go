@@ -94,6 +94,8 @@ func columnMapping(c v1alpha1.Columns) [][2]string {
 		{"attempts", string(c.Attempts)},
 		{"lastError", string(c.LastError)},
 		{"parkedAt", string(c.ParkedAt)},
+		{"traceparent", string(c.TraceParent)},
+		{"tracestate", string(c.TraceState)},
 	}
 }
 

@@ -197,8 +197,8 @@ func (b *channel) Healthy() bool {
 func (b *channel) Stale() bool { return b.stale.Load() }
 
 // Prepare builds the row's message, or says why the row cannot be sent.
-func (b *channel) Prepare(row outbox.Row) (sink.Message, *sink.RowFault) {
-	key, msg, fault := buildMessage(row, b.shape, b.limits)
+func (b *channel) Prepare(row outbox.Row, tc sink.Trace) (sink.Message, *sink.RowFault) {
+	key, msg, fault := buildMessage(row, tc, b.shape, b.limits)
 	if fault != nil {
 		return nil, fault
 	}

@@ -31,7 +31,7 @@ var _ = Describe("A delivery", Label(tier.Broker), func() {
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(s.Close)
 		key := "order.created"
-		msg, fault := s.Prepare(outbox.Row{ID: "row-1", Payload: []byte("{}"), RoutingKey: &key})
+		msg, fault := s.Prepare(outbox.Row{ID: "row-1", Payload: []byte("{}"), RoutingKey: &key}, sink.Trace{})
 		Expect(fault).To(BeNil())
 		d, err := s.Publish(ctx, msg)
 		Expect(err).NotTo(HaveOccurred())

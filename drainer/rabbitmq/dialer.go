@@ -12,6 +12,9 @@ import (
 	"sync/atomic"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/secret"
@@ -104,6 +107,25 @@ func (d *Dialer) Where() string {
 		return d.cfg.Where() + " at " + *at
 	}
 	return d.cfg.Where()
+}
+
+// Span names a publish span after the messaging conventions: the
+// operation and the exchange, "(default)" for the default exchange.
+func (d *Dialer) Span() sink.SpanShape {
+	destination := d.cfg.Exchange
+	if destination == "" {
+		destination = "(default)"
+	}
+	return sink.SpanShape{
+		Name: "publish " + destination,
+		Kind: trace.SpanKindProducer,
+		Attributes: []attribute.KeyValue{
+			semconv.MessagingSystemRabbitMQ, semconv.MessagingOperationTypeSend, semconv.MessagingOperationName("publish"),
+			semconv.MessagingDestinationName(d.cfg.Exchange),
+		},
+		MessageID:  semconv.MessagingMessageIDKey,
+		RoutingKey: semconv.MessagingRabbitMQDestinationRoutingKeyKey,
+	}
 }
 
 // connectionConfig is how the drainer connects to url: named after the

@@ -61,9 +61,9 @@ type messageShape struct {
 	properties  MessageProperties
 }
 
-// buildMessage turns a claimed row into its routing key and message, or says
-// why the row cannot be published.
-func buildMessage(row outbox.Row, shape messageShape, limits messageLimits) (string, amqp.Publishing, *sink.RowFault) {
+// buildMessage turns a claimed row into its routing key and message, with
+// tc as its trace context headers, or says why the row cannot be published.
+func buildMessage(row outbox.Row, tc sink.Trace, shape messageShape, limits messageLimits) (string, amqp.Publishing, *sink.RowFault) {
 	if fault := sink.Oversized(row, limits.maxPayloadBytes); fault != nil {
 		return "", amqp.Publishing{}, fault
 	}
@@ -81,6 +81,7 @@ func buildMessage(row outbox.Row, shape messageShape, limits messageLimits) (str
 	if err != nil {
 		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonBadHeaders, Detail: "headers: " + err.Error()}
 	}
+	headers = withTrace(headers, tc)
 	// The properties travel in one header frame: its size is the headers'
 	// encoded size, at most four short strings and a few fixed fields.
 	if size := tableSize(headers) + 4*(1+maxShortString) + 64; limits.frameMax > 0 && size > limits.frameMax {
@@ -97,6 +98,27 @@ func buildMessage(row outbox.Row, shape messageShape, limits messageLimits) (str
 		msg.Timestamp, msg.Type, msg.AppId = row.EnqueuedAt, key, appID
 	}
 	return key, msg, nil
+}
+
+// withTrace puts tc in headers as the W3C trace context headers, in place of
+// whatever the row's headers held under their names.
+func withTrace(headers amqp.Table, tc sink.Trace) amqp.Table {
+	if headers == nil && tc.Parent == "" {
+		return nil
+	}
+	delete(headers, sink.HeaderTraceParent)
+	delete(headers, sink.HeaderTraceState)
+	if tc.Parent == "" {
+		return headers
+	}
+	if headers == nil {
+		headers = amqp.Table{}
+	}
+	headers[sink.HeaderTraceParent] = tc.Parent
+	if tc.State != "" {
+		headers[sink.HeaderTraceState] = tc.State
+	}
+	return headers
 }
 
 // tableSize is the AMQP field-table encoding size of headers (what amqp091

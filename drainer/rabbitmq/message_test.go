@@ -23,7 +23,7 @@ var _ = Describe("Building a message from a row", func() {
 	}
 
 	It("is persistent and carries the row id, routing key, headers, content type, enqueue time, the event type as its type and spillway as its app_id", func() {
-		rk, msg, fault := buildMessage(row(), full, limits)
+		rk, msg, fault := buildMessage(row(), sink.Trace{}, full, limits)
 		Expect(fault).To(BeNil())
 		Expect(rk).To(Equal("order.created"))
 		Expect(msg.DeliveryMode).To(Equal(amqp.Persistent))
@@ -41,7 +41,7 @@ var _ = Describe("Building a message from a row", func() {
 	It("with compact properties, carries no timestamp, type or app_id, and a uuid row's properties fit RabbitMQ's 64 bytes", func() {
 		r := row()
 		r.ID, r.Headers = "0b6f1c9e-5d0a-4c4e-9a57-3f2d8e1b7c60", nil
-		_, msg, fault := buildMessage(r, messageShape{contentType: "application/json", properties: CompactProperties}, limits)
+		_, msg, fault := buildMessage(r, sink.Trace{}, messageShape{contentType: "application/json", properties: CompactProperties}, limits)
 		Expect(fault).To(BeNil())
 		Expect(msg.MessageId).To(Equal(r.ID))
 		Expect(msg.DeliveryMode).To(Equal(amqp.Persistent))
@@ -51,14 +51,14 @@ var _ = Describe("Building a message from a row", func() {
 		Expect(msg.AppId).To(BeEmpty())
 		Expect(encodedProperties(msg)).To(BeNumerically("<=", 64))
 
-		_, msg, _ = buildMessage(r, full, limits)
+		_, msg, _ = buildMessage(r, sink.Trace{}, full, limits)
 		Expect(encodedProperties(msg)).To(BeNumerically(">", 64), "what compact is for")
 	})
 
 	It("rejects headers that are not a JSON object as the row's fault", func() {
 		r := row()
 		r.Headers = []byte(`[1,2]`)
-		_, _, fault := buildMessage(r, full, limits)
+		_, _, fault := buildMessage(r, sink.Trace{}, full, limits)
 		Expect(fault).NotTo(BeNil())
 		Expect(fault.Reason).To(Equal(reasonBadHeaders))
 		Expect(fault.Detail).To(ContainSubstring("must be a JSON object"))
@@ -67,7 +67,7 @@ var _ = Describe("Building a message from a row", func() {
 	It("rejects a payload the claim left out for its size, saying the size and the limit", func() {
 		r := row()
 		r.Payload, r.Size = nil, 5000
-		_, _, fault := buildMessage(r, full, limits)
+		_, _, fault := buildMessage(r, sink.Trace{}, full, limits)
 		Expect(fault.Reason).To(Equal(sink.ReasonOversized))
 		Expect(fault.Detail).To(Equal("payload is 5000 bytes, over the 1024-byte limit (maxPayloadBytes)"))
 	})
@@ -75,7 +75,7 @@ var _ = Describe("Building a message from a row", func() {
 	It("rejects a NULL routing key", func() {
 		r := row()
 		r.RoutingKey = nil
-		_, _, fault := buildMessage(r, full, limits)
+		_, _, fault := buildMessage(r, sink.Trace{}, full, limits)
 		Expect(fault.Reason).To(Equal(reasonNoRoutingKey))
 	})
 
@@ -83,7 +83,7 @@ var _ = Describe("Building a message from a row", func() {
 		func(mutate func(*outbox.Row), reason, detail string) {
 			r := row()
 			mutate(&r)
-			_, _, fault := buildMessage(r, full, limits)
+			_, _, fault := buildMessage(r, sink.Trace{}, full, limits)
 			Expect(fault).NotTo(BeNil())
 			Expect(fault.Reason).To(Equal(reason))
 			Expect(fault.Detail).To(ContainSubstring(detail))
@@ -104,14 +104,14 @@ var _ = Describe("Building a message from a row", func() {
 		r := row()
 		k := strings.Repeat("a", 255)
 		r.RoutingKey = &k
-		_, _, fault := buildMessage(r, full, limits)
+		_, _, fault := buildMessage(r, sink.Trace{}, full, limits)
 		Expect(fault).To(BeNil())
 	})
 
 	It("publishes a row without headers with none", func() {
 		r := row()
 		r.Headers = nil
-		_, msg, fault := buildMessage(r, full, limits)
+		_, msg, fault := buildMessage(r, sink.Trace{}, full, limits)
 		Expect(fault).To(BeNil())
 		Expect(msg.Headers).To(BeNil())
 	})

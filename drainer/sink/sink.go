@@ -33,14 +33,17 @@ type Dialer interface {
 	Watch(ctx context.Context, log *slog.Logger, changed func()) error
 	// Where is where the sink publishes, for a log line: no secret.
 	Where() string
+	// Span is how its publishes appear as spans, when tracing is on.
+	Span() SpanShape
 }
 
 // Sink is one open connection. One goroutine publishes on it and resolves
 // its deliveries; Healthy and Blocked may be asked from any.
 type Sink interface {
-	// Prepare turns a row into what Publish sends, or says why the row
-	// cannot be sent, before anything is: the row's fault.
-	Prepare(row outbox.Row) (Message, *RowFault)
+	// Prepare turns a row into what Publish sends, with tc as its trace
+	// context, or says why the row cannot be sent, before anything is: the
+	// row's fault.
+	Prepare(row outbox.Row, tc Trace) (Message, *RowFault)
 	// Publish sends m, or holds it back with the publishes before it until
 	// Flush. An error means m was not sent: one that wraps ErrDown is the
 	// connection's; any other is m's own, which made the sink close the

@@ -27,6 +27,10 @@ type envelope struct {
 	Headers         json.RawMessage `json:"headers"`
 	Payload         json.RawMessage `json:"payload"`
 	PayloadEncoding string          `json:"payloadEncoding"`
+	// TraceParent and TraceState are the row's trace context, which a
+	// request of many rows cannot carry as its headers.
+	TraceParent string `json:"traceparent,omitempty"`
+	TraceState  string `json:"tracestate,omitempty"`
 }
 
 // Payload encodings of an envelope.
@@ -36,13 +40,15 @@ const (
 	encodingBase64 = "base64"
 )
 
-// envelopeOf turns a row into its envelope's JSON, or says why the row
-// cannot be sent. payloadType is the payload column's type.
-func envelopeOf(row outbox.Row, payloadType string, maxPayloadBytes int64) (*request, *sink.RowFault) {
+// envelopeOf turns a row into its envelope's JSON, with tc as its trace
+// context, or says why the row cannot be sent. payloadType is the payload
+// column's type.
+func envelopeOf(row outbox.Row, tc sink.Trace, payloadType string, maxPayloadBytes int64) (*request, *sink.RowFault) {
 	if fault := sink.Oversized(row, maxPayloadBytes); fault != nil {
 		return nil, fault
 	}
-	e := envelope{ID: row.ID, RoutingKey: row.RoutingKey, EnqueuedAt: row.EnqueuedAt, Headers: json.RawMessage("null")}
+	e := envelope{ID: row.ID, RoutingKey: row.RoutingKey, EnqueuedAt: row.EnqueuedAt, Headers: json.RawMessage("null"),
+		TraceParent: tc.Parent, TraceState: tc.State}
 	if len(row.Headers) > 0 {
 		if !bytes.HasPrefix(bytes.TrimSpace(row.Headers), []byte("{")) && !bytes.Equal(row.Headers, []byte("null")) {
 			return nil, &sink.RowFault{Reason: reasonBadHeaders, Detail: "headers: must be a JSON object"}

@@ -48,9 +48,9 @@ type request struct {
 
 func (r *request) Size() int64 { return int64(len(r.body)) }
 
-// requestOf turns a claimed row into its request, or says why the row cannot
-// be sent.
-func requestOf(row outbox.Row, prefix, contentType string, maxPayloadBytes int64) (*request, *sink.RowFault) {
+// requestOf turns a claimed row into its request, with tc as its trace
+// context headers, or says why the row cannot be sent.
+func requestOf(row outbox.Row, tc sink.Trace, prefix, contentType string, maxPayloadBytes int64) (*request, *sink.RowFault) {
 	if fault := sink.Oversized(row, maxPayloadBytes); fault != nil {
 		return nil, fault
 	}
@@ -59,6 +59,12 @@ func requestOf(row outbox.Row, prefix, contentType string, maxPayloadBytes int64
 		return nil, &sink.RowFault{Reason: reasonBadHeaders, Detail: "headers: " + err.Error()}
 	}
 	header.Set("Content-Type", contentType)
+	if tc.Parent != "" {
+		header.Set(sink.HeaderTraceParent, tc.Parent)
+		if tc.State != "" {
+			header.Set(sink.HeaderTraceState, tc.State)
+		}
+	}
 	return &request{id: row.ID, body: row.Payload, header: header}, nil
 }
 
@@ -68,11 +74,13 @@ var ownHeaders = map[string]bool{
 	"Content-Type": true, "Content-Length": true, "Content-Encoding": true, "Transfer-Encoding": true,
 	"Host": true, "Connection": true, "User-Agent": true, "Te": true, "Trailer": true, "Upgrade": true,
 	"Webhook-Id": true, "Webhook-Timestamp": true, "Webhook-Signature": true,
+	"Traceparent": true, "Tracestate": true,
 }
 
 // rowHeaders converts a row's headers, a JSON object, into HTTP headers named
 // prefix + key. A value is a string, a number or a boolean, and each name and
-// value must be one HTTP allows; the error names the first that is not.
+// value must be one HTTP allows; the error names the first that is not. The
+// trace context keys are left to the request's trace context.
 func rowHeaders(raw []byte, prefix string) (http.Header, error) {
 	header := http.Header{}
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
@@ -85,6 +93,9 @@ func rowHeaders(raw []byte, prefix string) (http.Header, error) {
 		return nil, fmt.Errorf("must be a JSON object: %s", secret.Truncate(string(raw), 80))
 	}
 	for key, v := range obj {
+		if sink.IsTraceHeader(key) {
+			continue
+		}
 		name := prefix + key
 		if !httpguts.ValidHeaderFieldName(name) {
 			return nil, fmt.Errorf("%q is not a valid HTTP header name (RFC 9110 token characters only)", secret.Truncate(name, 80))

@@ -69,7 +69,7 @@ var _ = Describe("A row's request", func() {
 	}
 
 	It("carries the row's headers under the prefix, strings, numbers and booleans as they are", func() {
-		r, fault := requestOf(row(`{"tenant":"acme","version":3,"replay":false}`), "X-Outbox-", "application/json", 1<<20)
+		r, fault := requestOf(row(`{"tenant":"acme","version":3,"replay":false}`), sink.Trace{}, "X-Outbox-", "application/json", 1<<20)
 		Expect(fault).To(BeNil())
 		Expect(r.header).To(Equal(http.Header{
 			"X-Outbox-Tenant": {"acme"}, "X-Outbox-Version": {"3"}, "X-Outbox-Replay": {"false"},
@@ -79,7 +79,7 @@ var _ = Describe("A row's request", func() {
 	})
 
 	DescribeTable("fails a row whose header HTTP cannot carry, naming it and the rule", func(headers, prefix, detail string) {
-		_, fault := requestOf(row(headers), prefix, "application/json", 1<<20)
+		_, fault := requestOf(row(headers), sink.Trace{}, prefix, "application/json", 1<<20)
 		Expect(fault).NotTo(BeNil())
 		Expect(fault.Reason).To(Equal(reasonBadHeaders))
 		Expect(fault.Detail).To(ContainSubstring(detail))
@@ -92,7 +92,7 @@ var _ = Describe("A row's request", func() {
 	)
 
 	It("fails an oversized row, whose payload was never loaded", func() {
-		_, fault := requestOf(outbox.Row{ID: "big", Size: 2 << 20}, "X-Outbox-", "application/json", 1<<20)
+		_, fault := requestOf(outbox.Row{ID: "big", Size: 2 << 20}, sink.Trace{}, "X-Outbox-", "application/json", 1<<20)
 		Expect(fault).To(Equal(sink.Oversized(outbox.Row{ID: "big", Size: 2 << 20}, 1<<20)))
 	})
 })

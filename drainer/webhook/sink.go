@@ -18,6 +18,9 @@ import (
 	"time"
 
 	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
+	"go.opentelemetry.io/otel/attribute"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/outbox"
@@ -60,6 +63,25 @@ func (d *Dialer) Where() string {
 		return "webhook (unparseable URL)"
 	}
 	return "webhook " + where(u)
+}
+
+// Span names a publish span after the HTTP client conventions: the method,
+// and the endpoint's host and port, never its credentials or path.
+func (d *Dialer) Span() sink.SpanShape {
+	shape := sink.SpanShape{
+		Name: http.MethodPost, Kind: trace.SpanKindClient,
+		Attributes: []attribute.KeyValue{semconv.HTTPRequestMethodPost},
+		MessageID:  semconv.MessagingMessageIDKey,
+	}
+	if raw, err := d.cfg.Read(); err == nil {
+		if u, err := url.Parse(raw); err == nil {
+			shape.Attributes = append(shape.Attributes, semconv.ServerAddress(u.Hostname()), semconv.URLScheme(u.Scheme))
+			if port, err := strconv.Atoi(u.Port()); err == nil {
+				shape.Attributes = append(shape.Attributes, semconv.ServerPort(port))
+			}
+		}
+	}
+	return shape
 }
 
 // Watch calls changed when the URL's or the signing secrets' file changes.
@@ -193,11 +215,11 @@ type conn struct {
 	heldRides []*delivery
 }
 
-func (c *conn) Prepare(row outbox.Row) (sink.Message, *sink.RowFault) {
+func (c *conn) Prepare(row outbox.Row, tc sink.Trace) (sink.Message, *sink.RowFault) {
 	if c.dialer.cfg.BatchRows > 0 {
-		return envelopeOf(row, c.dialer.payloadType, c.dialer.maxPayloadBytes)
+		return envelopeOf(row, tc, c.dialer.payloadType, c.dialer.maxPayloadBytes)
 	}
-	return requestOf(row, c.dialer.cfg.HeaderPrefix, c.dialer.contentType, c.dialer.maxPayloadBytes)
+	return requestOf(row, tc, c.dialer.cfg.HeaderPrefix, c.dialer.contentType, c.dialer.maxPayloadBytes)
 }
 
 // Publish sends m in a request of its own, or holds it for a batch request,

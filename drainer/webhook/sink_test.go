@@ -45,7 +45,7 @@ var _ = Describe("The webhook sink, against a receiver on a real port", func() {
 		return d.Dial(ctx, func() {})
 	}
 	post := func(s sink.Sink, id string) sink.Outcome {
-		m, fault := s.Prepare(outbox.Row{ID: id, Payload: []byte(`{"n":1}`), Headers: []byte(`{"tenant":"acme"}`)})
+		m, fault := s.Prepare(outbox.Row{ID: id, Payload: []byte(`{"n":1}`), Headers: []byte(`{"tenant":"acme"}`)}, sink.Trace{})
 		Expect(fault).To(BeNil())
 		d, err := s.Publish(context.Background(), m)
 		Expect(err).NotTo(HaveOccurred())
@@ -171,7 +171,7 @@ var _ = Describe("The webhook sink in batches", func() {
 		var deliveries []sink.Delivery
 		for i := range 5 {
 			m, fault := s.Prepare(outbox.Row{ID: fmt.Sprintf("row-%d", i), Payload: []byte(fmt.Sprintf(`{"n":%d}`, i)), RoutingKey: &key,
-				Headers: []byte(`{"tenant":"acme"}`), EnqueuedAt: time.Date(2026, 12, 7, 3, 0, i, 0, time.UTC)})
+				Headers: []byte(`{"tenant":"acme"}`), EnqueuedAt: time.Date(2026, 12, 7, 3, 0, i, 0, time.UTC)}, sink.Trace{})
 			Expect(fault).To(BeNil())
 			d, err := s.Publish(ctx, m)
 			Expect(err).NotTo(HaveOccurred())
@@ -230,7 +230,7 @@ var _ = Describe("The webhook sink over TLS", func() {
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(s.Close)
 		for i := range 3 {
-			m, fault := s.Prepare(outbox.Row{ID: fmt.Sprintf("row-%d", i), Payload: []byte(`{}`)})
+			m, fault := s.Prepare(outbox.Row{ID: fmt.Sprintf("row-%d", i), Payload: []byte(`{}`)}, sink.Trace{})
 			Expect(fault).To(BeNil())
 			d, err := s.Publish(ctx, m)
 			Expect(err).NotTo(HaveOccurred())

@@ -47,8 +47,9 @@ var (
 	// failed keeps the cluster's directory, with every log, after the run.
 	failed bool
 	// receiver is the webhook fleet's endpoint, a process on the host that
-	// the pods reach as they reach the database.
-	receiver *testenv.Receiver
+	// the pods reach as they reach the database; collector takes its spans.
+	receiver  *testenv.Receiver
+	collector *testenv.Collector
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
@@ -60,11 +61,14 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	receiver, err = testenv.StartReceiver(testenv.NewSecret())
 	Expect(err).NotTo(HaveOccurred())
 	DeferCleanup(receiver.Stop)
+	collector, err = testenv.StartCollector()
+	Expect(err).NotTo(HaveOccurred())
+	DeferCleanup(collector.Stop)
 	cluster, err = kubeenv.StartCluster(ctx, kubeenv.ClusterOptions{
 		// The broker cluster's nodes (AMQP and AMQPS), the database primary
 		// and replica and PgBouncer, for the fleets that use them.
-		// And the webhook receiver.
-		Forward:     append(append(append(rabbitcluster.Addrs(), rabbitcluster.TLSAddrs()...), pgha.Addrs()...), receiver.Addr()),
+		// And the webhook receiver, and the collector of its fleet's spans.
+		Forward:     append(append(append(rabbitcluster.Addrs(), rabbitcluster.TLSAddrs()...), pgha.Addrs()...), receiver.Addr(), collector.Addr()),
 		ImageLayout: layout,
 		Progress:    GinkgoWriter,
 	})

@@ -84,8 +84,12 @@ func containerEnv(img v1.Config, c corev1.Container, pod *corev1.Pod, apiHost st
 		name, value, _ := strings.Cut(kv, "=")
 		set(name, value)
 	}
+	// As a kubelet does, a value's $(NAME) refers to a variable the
+	// container defines before it.
+	defined := map[string]string{}
 	for _, e := range c.Env {
-		set(e.Name, e.Value)
+		defined[e.Name] = expand(e.Value, defined)
+		set(e.Name, defined[e.Name])
 	}
 	port := strconv.Itoa(apiPort)
 	url := "tcp://" + apiHost + ":" + port

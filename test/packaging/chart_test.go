@@ -106,6 +106,7 @@ var _ = Describe("The Helm chart", func() {
 			"--probe-timeout=10s",
 			"--probe-count-limit=1000000",
 		}))
+		Expect(c.Env).To(BeEmpty(), "no tracing without an endpoint")
 		Expect(c.ReadinessProbe.HTTPGet.Path).To(Equal("/readyz"))
 		Expect(c.LivenessProbe.HTTPGet.Path).To(Equal("/healthz"))
 
@@ -169,6 +170,13 @@ var _ = Describe("The Helm chart", func() {
 			"--watch-namespaces=shop,payments", "--metrics-secure", "--metrics-cert-dir=/var/run/secrets/spillway/metrics-tls"))
 		Expect(pod.Volumes).To(ContainElement(HaveField("Secret.SecretName", "spillway-metrics-tls")))
 		Expect(c.Resources.Limits.Cpu().String()).To(Equal("1"))
+		Expect(c.Env).To(ContainElements(
+			HaveField("Name", "POD_NAME"),
+			corev1.EnvVar{Name: "OTEL_EXPORTER_OTLP_ENDPOINT", Value: "http://otel-collector.monitoring:4318"},
+			corev1.EnvVar{Name: "OTEL_EXPORTER_OTLP_PROTOCOL", Value: "grpc"},
+			corev1.EnvVar{Name: "OTEL_TRACES_SAMPLER_ARG", Value: "0.25"},
+			corev1.EnvVar{Name: "OTEL_RESOURCE_ATTRIBUTES",
+				Value: "deployment.environment.name=production,k8s.namespace.name=spillway-system,k8s.pod.name=$(POD_NAME)"}))
 		svc := object[corev1.Service](objs, "Service", "spillway-operator-metrics")
 		Expect(svc.Spec.Type).To(Equal(corev1.ServiceTypeNodePort))
 		Expect(svc.Spec.Ports[0].Port).To(BeEquivalentTo(9443))

@@ -33,7 +33,7 @@ func SampleFleet(table, exchange, statusInterval string, edits ...func(spec map[
 // the database, made to post to the receiver over http: its Secret holds
 // the receiver's URL and signing secret, and the OutboxDrainer drains table,
 // reading its status every statusInterval.
-func SampleWebhookFleet(r *Receiver, table, statusInterval string, edits ...func(spec map[string]any)) (string, error) {
+func SampleWebhookFleet(r *Receiver, c *Collector, table, statusInterval string, edits ...func(spec map[string]any)) (string, error) {
 	return sample([]string{"config/samples/secrets.yaml", "config/samples/webhook/outboxdrainer-webhook.yaml"}, map[string][][]string{
 		"Secret/orders-db":       {{DatabaseURL(), "stringData", "url"}},
 		"Secret/orders-rabbitmq": nil,
@@ -41,6 +41,7 @@ func SampleWebhookFleet(r *Receiver, table, statusInterval string, edits ...func
 		"OutboxDrainer/orders-webhook": {
 			{table, "spec", "database", "table"},
 			{statusInterval, "spec", "statusInterval"},
+			{c.Endpoint(), "spec", "telemetry", "endpoint"},
 		},
 	}, append([]func(map[string]any){func(spec map[string]any) {
 		spec["sink"].(map[string]any)["webhook"].(map[string]any)["allowHTTP"] = true
