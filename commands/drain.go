@@ -18,6 +18,7 @@ import (
 
 	"github.com/spillway-io/spillway/drainer"
 	"github.com/spillway-io/spillway/drainer/rabbitmq"
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/drainer/webhook"
 	"github.com/spillway-io/spillway/secret"
 	"github.com/spillway-io/spillway/telemetry"
@@ -136,6 +137,9 @@ func registerDrainFlags(fs *flag.FlagSet, c *drainer.Config) {
 		func(v string) error { c.Broker.MessageProperties = rabbitmq.MessageProperties(v); return nil })
 	fs.StringVar(&c.Broker.ContentType, "content-type", c.Broker.ContentType, "message content type (default from the payload column's type)")
 	registerWebhookFlags(fs, c)
+	fs.Func("message-format", `how each message presents its row: plain, cloudevents (the CloudEvents attributes as headers: cloudEvents_ on AMQP, ce- on HTTP) or cloudevents-structured (the row as an application/cloudevents+json event) (default "plain")`,
+		func(v string) error { c.Format.Mode = sink.FormatMode(v); return nil })
+	fs.StringVar(&c.Format.Source, "cloudevents-source", "", "the CloudEvents source attribute of every event (default /spillway/ and the table's schema.table)")
 	fs.BoolVar(&c.SynchronousCommit, "synchronous-commit", c.SynchronousCommit,
 		"commit claims and settles synchronously (off: the application's commits do not queue behind the drainer's WAL flushes)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout,

@@ -14,6 +14,7 @@ import (
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/controllers/resource"
 	"github.com/spillway-io/spillway/drainer/rabbitmq"
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/samples"
 )
@@ -31,6 +32,8 @@ var _ = Describe("The drainer's command line", func() {
 		od.Spec.MaxCommitLatency = &metav1.Duration{Duration: 4 * time.Millisecond}
 		od.Spec.Broker.MessageProperties = "Compact"
 		od.Spec.Ordering = &v1alpha1.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}
+		od.Spec.Database.Columns.TraceParent = "trace_parent"
+		od.Spec.MessageFormat, od.Spec.CloudEventsSource = "CloudEventsStructured", "urn:shop:orders"
 		args := resource.DrainArgs(od.Spec)
 		Expect(args[0]).To(Equal("drain"))
 		GinkgoT().Setenv("POD_NAME", "orders-7d9f-abcde") // the downward API's, in a pod
@@ -53,6 +56,8 @@ var _ = Describe("The drainer's command line", func() {
 		Expect(cfg.MaxCommitLatency).To(Equal(4 * time.Millisecond))
 		Expect(cfg.Broker.MessageProperties).To(Equal(rabbitmq.CompactProperties))
 		Expect(cfg.Table.Ordering).To(Equal(outbox.Ordering{KeyColumn: "aggregate_id", OnFailure: "skip"}))
+		Expect(cfg.Table.Columns.TraceParent).To(Equal("trace_parent"))
+		Expect(cfg.Format).To(Equal(sink.Format{Mode: sink.CloudEventsStructured, Source: "urn:shop:orders"}))
 		Expect(httpAddr).To(Equal(fmt.Sprintf(":%d", resource.MetricsPort)))
 	})
 

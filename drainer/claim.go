@@ -1,13 +1,12 @@
 package drainer
 
 import (
-	"go.opentelemetry.io/otel/trace"
-
 	"context"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/outbox"

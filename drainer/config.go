@@ -1,16 +1,17 @@
 package drainer
 
 import (
-	"go.opentelemetry.io/otel/trace"
-
 	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/spillway-io/spillway/drainer/rabbitmq"
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/drainer/webhook"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
@@ -30,6 +31,9 @@ type Config struct {
 	Broker  rabbitmq.Config
 	// Webhook, when set, is where rows go instead of the broker.
 	Webhook *webhook.Config
+	// Format is how each message presents its row: plain, or as a
+	// CloudEvent, whose source defaults to /spillway/ and the table's name.
+	Format sink.Format
 	// Tracing, when set, is where the drainer's spans go (see tracing.go);
 	// a row's trace context is carried on in its message either way.
 	Tracing trace.TracerProvider
@@ -217,6 +221,9 @@ func (c Config) Validate() error {
 	errs = append(errs, c.Database.Validate(field.NewPath("database"), "the outbox database's connection URL")...)
 	errs = append(errs, c.Pooling.Validate(field.NewPath("database"))...)
 	errs = append(errs, c.validateSink()...)
+	if c.Format.Mode != "" && !slices.Contains(sink.FormatModes, c.Format.Mode) {
+		errs = append(errs, field.NotSupported(field.NewPath("messageFormat"), c.Format.Mode, sink.FormatModes))
+	}
 	errs = append(errs, c.Table.Validate(field.NewPath("database"))...)
 	if c.BatchSize <= 0 {
 		errs = append(errs, field.Invalid(field.NewPath("batchSize"), c.BatchSize, "must be greater than 0"))

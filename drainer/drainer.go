@@ -1,8 +1,6 @@
 package drainer
 
 import (
-	"go.opentelemetry.io/otel/trace"
-
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	"github.com/spillway-io/spillway/drainer/rabbitmq"
@@ -128,6 +127,9 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 		return nil, field.Invalid(field.NewPath("retention", "unpublishedMaxAge"), cfg.Retention.UnpublishedMaxAge.String(),
 			"needs an enqueuedAt column to age rows by, and "+store.Table().Name()+" has none")
 	}
+	if cfg.Format.CloudEvents() && cfg.Format.Source == "" {
+		cfg.Format.Source = "/spillway/" + store.Table().Name()
+	}
 	d := &Drainer{
 		cfg:         cfg,
 		store:       store,
@@ -164,7 +166,9 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 // dialerOf is the dialer of the sink cfg names: the webhook, when set, or
 // the broker.
 func dialerOf(cfg Config, payloadType string, metrics *Metrics, log *slog.Logger) sink.Dialer {
+	cfg.Broker.Format = cfg.Format
 	if cfg.Webhook != nil {
+		cfg.Webhook.Format = cfg.Format
 		d := webhook.NewDialer(*cfg.Webhook, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
 		d.Observe = func(class string, took time.Duration) {
 			metrics.WebhookResponses.WithLabelValues(class).Inc()

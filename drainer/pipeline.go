@@ -1,11 +1,11 @@
 package drainer
 
 import (
-	"go.opentelemetry.io/otel/trace"
-
 	"context"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-io/spillway/drainer/sink"
 )

@@ -1,12 +1,11 @@
 package drainer
 
 import (
-	"go.opentelemetry.io/otel/trace"
-
 	"context"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"

@@ -433,6 +433,22 @@ type OutboxDrainerSpec struct {
 	// Pod is added to the drainer pods.
 	// +optional
 	Pod PodOverlay `json:"pod,omitzero"`
+	// MessageFormat is how each message presents its row: Plain, as it is;
+	// CloudEvents, in the CloudEvents binary mode, its attributes as headers
+	// (cloudEvents_ on AMQP, ce- on HTTP) beside the payload; or
+	// CloudEventsStructured, each row an application/cloudevents+json event
+	// (a webhook batch, a JSON array of them). The type is the row's routing
+	// key, the time its enqueue time, the id its id.
+	// +kubebuilder:validation:Enum=Plain;CloudEvents;CloudEventsStructured
+	// +kubebuilder:default=Plain
+	// +optional
+	MessageFormat string `json:"messageFormat,omitempty"`
+	// CloudEventsSource is every event's source attribute, a URI reference;
+	// by default /spillway/<namespace>/<name> of the OutboxDrainer.
+	// +kubebuilder:validation:MaxLength=255
+	// +kubebuilder:validation:Pattern=`^[!-~]+$`
+	// +optional
+	CloudEventsSource string `json:"cloudEventsSource,omitempty"`
 	// Telemetry sends the drainers' traces to an OpenTelemetry collector.
 	// A row's trace context goes on in its message either way.
 	// +optional

@@ -94,7 +94,7 @@ func (b *DeploymentBuilder) spec() appsv1.DeploymentSpec {
 				Containers: []corev1.Container{{
 					Name:  ContainerName,
 					Image: image,
-					Args:  DrainArgs(od.Spec),
+					Args:  append(DrainArgs(od.Spec), fleetArgs(od)...),
 					// The drainer ID is the pod name: a restarted container
 					// inherits it and releases its predecessor's claims. The
 					// user's variables come after it and cannot replace it.
@@ -122,6 +122,15 @@ func (b *DeploymentBuilder) spec() appsv1.DeploymentSpec {
 			},
 		},
 	}
+}
+
+// fleetArgs are the drain arguments that name the fleet itself: a
+// CloudEvent's default source.
+func fleetArgs(od *v1alpha1.OutboxDrainer) []string {
+	if _, ok := messageFormats[od.Spec.MessageFormat]; ok && od.Spec.CloudEventsSource == "" {
+		return []string{"--cloudevents-source=/spillway/" + od.Namespace + "/" + od.Name}
+	}
+	return nil
 }
 
 // podSecurityContext is the restricted Pod Security Standard. A platform

@@ -179,6 +179,17 @@ var _ = Describe("The drainer Deployment", func() {
 		}), "the overlay's protocol wins, set once")
 	})
 
+	It("passes the message format, with the fleet as the CloudEvents source unless the spec sets one, and nothing for Plain", func() {
+		Expect(drainerContainer(builtDeployment(od)).Args).NotTo(ContainElement(HavePrefix("--message-format")))
+		od.Spec.MessageFormat = "CloudEvents"
+		Expect(drainerContainer(builtDeployment(od)).Args).To(ContainElements("--message-format=cloudevents",
+			"--cloudevents-source=/spillway/"+od.Namespace+"/"+od.Name))
+		od.Spec.MessageFormat, od.Spec.CloudEventsSource = "CloudEventsStructured", "urn:shop:orders"
+		args := drainerContainer(builtDeployment(od)).Args
+		Expect(args).To(ContainElements("--message-format=cloudevents-structured", "--cloudevents-source=urn:shop:orders"))
+		Expect(args).NotTo(ContainElement(HavePrefix("--cloudevents-source=/spillway/")))
+	})
+
 	It("probes liveness and readiness on the drainer's metrics port", func() {
 		c := drainerContainer(builtDeployment(od))
 		Expect(c.Ports).To(ConsistOf(corev1.ContainerPort{Name: "metrics", ContainerPort: 8080, Protocol: corev1.ProtocolTCP}))

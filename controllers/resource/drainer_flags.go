@@ -135,6 +135,10 @@ func messageProperties(b v1alpha1.BrokerSpec) rabbitmq.MessageProperties {
 	return rabbitmq.MessageProperties(strings.ToLower(b.MessageProperties))
 }
 
+// messageFormats are the drainer's --message-format for each of the spec's
+// formats but Plain, the drainer's default.
+var messageFormats = map[string]string{"CloudEvents": "cloudevents", "CloudEventsStructured": "cloudevents-structured"}
+
 // DrainArgs are the arguments of `spillway drain` for a spec: every setting
 // explicit, so the Deployment says what its drainers do.
 func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
@@ -184,6 +188,12 @@ func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
 	}
 	if s.MaxRate != nil {
 		args = append(args, "--max-rate="+strconv.FormatInt(*s.MaxRate, 10))
+	}
+	if f, ok := messageFormats[s.MessageFormat]; ok {
+		args = append(args, "--message-format="+f)
+		if s.CloudEventsSource != "" {
+			args = append(args, "--cloudevents-source="+s.CloudEventsSource)
+		}
 	}
 	if s.MaxCommitLatency != nil {
 		args = append(args, "--max-commit-latency="+s.MaxCommitLatency.Duration.String())

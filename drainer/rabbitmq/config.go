@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -33,6 +34,8 @@ type Config struct {
 	// External authenticates with the TLS client certificate (SASL
 	// EXTERNAL) instead of the URL's user and password.
 	External bool
+	// Format is the drainer's message format: plain, or CloudEvents.
+	Format sink.Format
 }
 
 // DefaultConfig is a topic exchange's, with full properties.

@@ -48,7 +48,7 @@ func NewDialer(cfg Config, drainerID string, depth int, maxPayloadBytes int64, p
 	id := fnv.New32a()
 	_, _ = id.Write([]byte(drainerID))
 	return &Dialer{cfg: cfg, drainerID: drainerID, depth: depth, log: log, next: int(id.Sum32() % 1024),
-		shape:  messageShape{contentType: contentType, properties: cfg.MessageProperties},
+		shape:  messageShape{contentType: contentType, properties: cfg.MessageProperties, format: cfg.Format},
 		limits: messageLimits{maxPayloadBytes: maxPayloadBytes}}
 }
 

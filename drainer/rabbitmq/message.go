@@ -18,6 +18,7 @@ const (
 	reasonBadHeaders   = "bad_headers"
 	reasonNoRoutingKey = "no_routing_key"
 	reasonTooLong      = "too_long"
+	reasonBadPayload   = "bad_payload"
 	// appID is a full message's app_id, so consumers can tell who sent it.
 	appID = "spillway"
 	// maxShortString is AMQP's limit on a short string: routing keys,
@@ -59,6 +60,41 @@ const (
 type messageShape struct {
 	contentType string
 	properties  MessageProperties
+	format      sink.Format
+}
+
+// cloudEventsPrefix names a CloudEvents attribute as an AMQP header. The
+// CloudEvents AMQP binding's application properties are prefixed
+// cloudEvents_ (its earlier cloudEvents: is still read by its SDKs): a name
+// that is also an identifier, which JMS and Spring AMQP map to message
+// properties and RabbitMQ's headers exchange binds on without quoting.
+const cloudEventsPrefix = "cloudEvents_"
+
+// asCloudEvent makes msg a CloudEvent of the row: its attributes as
+// headers, or, structured, the whole event as the body.
+func asCloudEvent(msg *amqp.Publishing, row outbox.Row, tc sink.Trace, format sink.Format) *sink.RowFault {
+	attrs, fault := format.Event(row, msg.ContentType)
+	if fault != nil {
+		return fault
+	}
+	if format.Mode == sink.CloudEventsStructured {
+		body, err := sink.Structured(attrs, msg.Body, tc)
+		if err != nil {
+			return &sink.RowFault{Reason: reasonBadPayload, Detail: "cloudevents: " + err.Error()}
+		}
+		msg.Body, msg.ContentType = body, sink.StructuredContentType
+		return nil
+	}
+	if msg.Headers == nil {
+		msg.Headers = amqp.Table{}
+	}
+	for _, a := range attrs {
+		// The binding maps datacontenttype to the content type property.
+		if a[0] != "datacontenttype" {
+			msg.Headers[cloudEventsPrefix+a[0]] = a[1]
+		}
+	}
+	return nil
 }
 
 // buildMessage turns a claimed row into its routing key and message, with
@@ -82,11 +118,6 @@ func buildMessage(row outbox.Row, tc sink.Trace, shape messageShape, limits mess
 		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonBadHeaders, Detail: "headers: " + err.Error()}
 	}
 	headers = withTrace(headers, tc)
-	// The properties travel in one header frame: its size is the headers'
-	// encoded size, at most four short strings and a few fixed fields.
-	if size := tableSize(headers) + 4*(1+maxShortString) + 64; limits.frameMax > 0 && size > limits.frameMax {
-		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonBadHeaders, Detail: fmt.Sprintf("headers take %d bytes encoded, over the broker's frame size of %d", tableSize(headers), limits.frameMax)}
-	}
 	msg := amqp.Publishing{
 		Headers:      headers,
 		ContentType:  shape.contentType,
@@ -96,6 +127,16 @@ func buildMessage(row outbox.Row, tc sink.Trace, shape messageShape, limits mess
 	}
 	if shape.properties != CompactProperties {
 		msg.Timestamp, msg.Type, msg.AppId = row.EnqueuedAt, key, appID
+	}
+	if shape.format.CloudEvents() {
+		if fault := asCloudEvent(&msg, row, tc, shape.format); fault != nil {
+			return "", amqp.Publishing{}, fault
+		}
+	}
+	// The properties travel in one header frame: its size is the headers'
+	// encoded size, at most four short strings and a few fixed fields.
+	if size := tableSize(msg.Headers) + 4*(1+maxShortString) + 64; limits.frameMax > 0 && size > limits.frameMax {
+		return "", amqp.Publishing{}, &sink.RowFault{Reason: reasonBadHeaders, Detail: fmt.Sprintf("headers take %d bytes encoded, over the broker's frame size of %d", tableSize(msg.Headers), limits.frameMax)}
 	}
 	return key, msg, nil
 }

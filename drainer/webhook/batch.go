@@ -89,6 +89,9 @@ func batchOf(rows []*request) *request {
 	body.WriteByte(']')
 	header := http.Header{}
 	header.Set("Content-Type", "application/json")
+	if rows[0].event {
+		header.Set("Content-Type", sink.BatchContentType)
+	}
 	header.Set("Webhook-Batch-Size", strconv.Itoa(len(rows)))
 	return &request{id: "batch_" + rows[0].id + "_" + strconv.Itoa(len(rows)), body: body.Bytes(), header: header}
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/net/http/httpguts"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/secret"
 )
 
@@ -44,6 +45,8 @@ type Config struct {
 	// a JSON array of envelopes (see envelope) instead of one payload per
 	// request.
 	BatchRows int
+	// Format is the drainer's message format: plain, or CloudEvents.
+	Format sink.Format
 }
 
 // DefaultConfig is the webhook sink's defaults.

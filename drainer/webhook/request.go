@@ -22,6 +22,7 @@ import (
 // rows that cannot be sent. Each one counts an attempt.
 const (
 	reasonBadHeaders = "bad_headers"
+	reasonBadPayload = "bad_payload"
 	reasonTransient  = "http_transient" // 408, 425, 429, 5xx
 	reasonGone       = "http_410"
 	reasonRedirect   = "http_3xx"
@@ -44,6 +45,9 @@ type request struct {
 	// header is the row's headers, prefixed, and the content type; the
 	// signature is added as the request is sent.
 	header http.Header
+	// event says a batch element is a structured CloudEvent, not an
+	// envelope.
+	event bool
 }
 
 func (r *request) Size() int64 { return int64(len(r.body)) }

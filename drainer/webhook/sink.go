@@ -216,10 +216,18 @@ type conn struct {
 }
 
 func (c *conn) Prepare(row outbox.Row, tc sink.Trace) (sink.Message, *sink.RowFault) {
-	if c.dialer.cfg.BatchRows > 0 {
-		return envelopeOf(row, tc, c.dialer.payloadType, c.dialer.maxPayloadBytes)
+	d := c.dialer
+	switch {
+	case d.cfg.BatchRows > 0 && d.cfg.Format.CloudEvents():
+		return batchedEventOf(row, tc, d.cfg.Format, d.contentType, d.maxPayloadBytes)
+	case d.cfg.BatchRows > 0:
+		return envelopeOf(row, tc, d.payloadType, d.maxPayloadBytes)
 	}
-	return requestOf(row, tc, c.dialer.cfg.HeaderPrefix, c.dialer.contentType, c.dialer.maxPayloadBytes)
+	r, fault := requestOf(row, tc, d.cfg.HeaderPrefix, d.contentType, d.maxPayloadBytes)
+	if fault == nil && d.cfg.Format.CloudEvents() {
+		fault = asCloudEvent(r, row, tc, d.cfg.Format, d.contentType)
+	}
+	return r, fault
 }
 
 // Publish sends m in a request of its own, or holds it for a batch request,
