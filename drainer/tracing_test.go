@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,7 +14,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
+	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/drainer/webhook"
+	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/telemetry"
 	"github.com/spillway-io/spillway/test/testenv"
 	"github.com/spillway-io/spillway/test/tier"
@@ -214,4 +217,25 @@ var _ = Describe("Tracing a drain through OTLP", Label(tier.DB, tier.Broker), fu
 			Expect(header(m.Headers, "tracestate")).To(Equal(row.state))
 		}
 	})
+})
+
+var _ = Describe("Reading a row's trace context", func() {
+	const parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	column := func(s string) *string { return &s }
+	DescribeTable("keeps what is well-formed and names what it drops",
+		func(row outbox.Row, want sink.Trace, dropped []string) {
+			sc, gone := rowTrace(row)
+			Expect(traceHeaders(sc)).To(Equal(want))
+			Expect(gone).To(Equal(dropped))
+		},
+		Entry("the columns", outbox.Row{TraceParent: column(parent), TraceState: column("v=1")}, sink.Trace{Parent: parent, State: "v=1"}, nil),
+		Entry("the columns before the headers", outbox.Row{TraceParent: column(parent), Headers: []byte(`{"traceparent":"junk"}`)}, sink.Trace{Parent: parent}, nil),
+		Entry("the headers' keys", outbox.Row{Headers: []byte(`{"traceparent":"` + parent + `","tracestate":"v=1"}`)}, sink.Trace{Parent: parent, State: "v=1"}, nil),
+		Entry("none", outbox.Row{Headers: []byte(`{"tenant":"acme"}`)}, sink.Trace{}, nil),
+		Entry("upper-case hex", outbox.Row{TraceParent: column(strings.ToUpper(parent))}, sink.Trace{}, []string{"traceparent"}),
+		Entry("an all-zero trace id", outbox.Row{TraceParent: column("00-00000000000000000000000000000000-b7ad6b7169203331-01")}, sink.Trace{}, []string{"traceparent"}),
+		Entry("a number for a traceparent", outbox.Row{Headers: []byte(`{"traceparent":42}`)}, sink.Trace{}, []string{"traceparent"}),
+		Entry("a bad tracestate beside a good traceparent", outbox.Row{TraceParent: column(parent), TraceState: column("=x=")}, sink.Trace{Parent: parent}, []string{"tracestate"}),
+		Entry("a tracestate that is not a string", outbox.Row{Headers: []byte(`{"traceparent":"` + parent + `","tracestate":{"a":1}}`)}, sink.Trace{Parent: parent}, []string{"tracestate"}),
+	)
 })

@@ -18,7 +18,6 @@ const (
 	reasonBadHeaders   = "bad_headers"
 	reasonNoRoutingKey = "no_routing_key"
 	reasonTooLong      = "too_long"
-	reasonBadPayload   = "bad_payload"
 	// appID is a full message's app_id, so consumers can tell who sent it.
 	appID = "spillway"
 	// maxShortString is AMQP's limit on a short string: routing keys,
@@ -73,17 +72,17 @@ const cloudEventsPrefix = "cloudEvents_"
 // asCloudEvent makes msg a CloudEvent of the row: its attributes as
 // headers, or, structured, the whole event as the body.
 func asCloudEvent(msg *amqp.Publishing, row outbox.Row, tc sink.Trace, format sink.Format) *sink.RowFault {
-	attrs, fault := format.Event(row, msg.ContentType)
-	if fault != nil {
-		return fault
-	}
 	if format.Mode == sink.CloudEventsStructured {
-		body, err := sink.Structured(attrs, msg.Body, tc)
-		if err != nil {
-			return &sink.RowFault{Reason: reasonBadPayload, Detail: "cloudevents: " + err.Error()}
+		body, fault := format.AsStructured(row, msg.ContentType, msg.Body, tc)
+		if fault != nil {
+			return fault
 		}
 		msg.Body, msg.ContentType = body, sink.StructuredContentType
 		return nil
+	}
+	attrs, fault := format.Event(row, msg.ContentType)
+	if fault != nil {
+		return fault
 	}
 	if msg.Headers == nil {
 		msg.Headers = amqp.Table{}

@@ -43,9 +43,13 @@ const (
 	BatchContentType      = "application/cloudevents-batch+json; charset=UTF-8"
 )
 
-// ReasonNoEventType is the failure reason of a row that, as a CloudEvent,
-// would have no type: its routing key is NULL.
-const ReasonNoEventType = "no_event_type"
+// Failure reasons of a row that cannot be a CloudEvent: it would have no
+// type (its routing key is NULL), or its payload is not what its content
+// type says, which a structured event's data must be.
+const (
+	ReasonNoEventType = "no_event_type"
+	ReasonBadPayload  = "bad_payload"
+)
 
 // CloudEvents reports whether rows go as CloudEvents.
 func (f Format) CloudEvents() bool {
@@ -68,6 +72,20 @@ func (f Format) Event(row outbox.Row, contentType string) ([][2]string, *RowFaul
 		{"datacontenttype", contentType},
 		{"time", row.EnqueuedAt.UTC().Format(time.RFC3339Nano)},
 	}, nil
+}
+
+// AsStructured is the row, whose payload as sent is payload, as a
+// structured-mode event (see Structured).
+func (f Format) AsStructured(row outbox.Row, contentType string, payload []byte, tc Trace) ([]byte, *RowFault) {
+	attrs, fault := f.Event(row, contentType)
+	if fault != nil {
+		return nil, fault
+	}
+	body, err := Structured(attrs, payload, tc)
+	if err != nil {
+		return nil, &RowFault{Reason: ReasonBadPayload, Detail: "cloudevents: " + err.Error()}
+	}
+	return body, nil
 }
 
 // Structured is a row as a structured-mode event: its attributes, and its

@@ -16,18 +16,18 @@ import (
 // ce- headers (the Content-Type already says datacontenttype), or,
 // structured, the event as its body.
 func asCloudEvent(r *request, row outbox.Row, tc sink.Trace, format sink.Format, contentType string) *sink.RowFault {
-	attrs, fault := format.Event(row, contentType)
-	if fault != nil {
-		return fault
-	}
 	if format.Mode == sink.CloudEventsStructured {
-		body, err := sink.Structured(attrs, r.body, tc)
-		if err != nil {
-			return &sink.RowFault{Reason: reasonBadPayload, Detail: "cloudevents: " + err.Error()}
+		body, fault := format.AsStructured(row, contentType, r.body, tc)
+		if fault != nil {
+			return fault
 		}
 		r.body = body
 		r.header.Set("Content-Type", sink.StructuredContentType)
 		return nil
+	}
+	attrs, fault := format.Event(row, contentType)
+	if fault != nil {
+		return fault
 	}
 	for _, a := range attrs {
 		if a[0] == "datacontenttype" {
@@ -46,13 +46,9 @@ func batchedEventOf(row outbox.Row, tc sink.Trace, format sink.Format, contentTy
 	if fault := sink.Oversized(row, maxPayloadBytes); fault != nil {
 		return nil, fault
 	}
-	attrs, fault := format.Event(row, contentType)
+	body, fault := format.AsStructured(row, contentType, row.Payload, tc)
 	if fault != nil {
 		return nil, fault
-	}
-	body, err := sink.Structured(attrs, row.Payload, tc)
-	if err != nil {
-		return nil, &sink.RowFault{Reason: reasonBadPayload, Detail: "cloudevents: " + err.Error()}
 	}
 	return &request{id: row.ID, body: body, event: true}, nil
 }

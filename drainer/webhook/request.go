@@ -22,7 +22,6 @@ import (
 // rows that cannot be sent. Each one counts an attempt.
 const (
 	reasonBadHeaders = "bad_headers"
-	reasonBadPayload = "bad_payload"
 	reasonTransient  = "http_transient" // 408, 425, 429, 5xx
 	reasonGone       = "http_410"
 	reasonRedirect   = "http_3xx"
