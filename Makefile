@@ -112,6 +112,14 @@ BENCH_FLAGS ?=
 bench: services ## Measure broker ceiling, drainer throughput, claim latency and commit→publish latency; prints ratios.
 	flock -s $(SERVICES_LOCK) $(GO) run ./test/bench $(BENCH_FLAGS)
 
+# BENCH_OPERATOR_FLAGS passes flags to it, e.g. -fleets=100 -window=30s.
+BENCH_OPERATOR_FLAGS ?=
+
+.PHONY: bench-operator
+bench-operator: build services ## Measure one operator carrying 100 and 1,000 fleets: memory, CPU, API load, status writes, probe sessions, staleness, latencies, hand-over.
+	@assets=$$(hack/control-plane.sh) && \
+		KUBEBUILDER_ASSETS=$$assets flock -s $(SERVICES_LOCK) $(GO) run ./test/benchoperator -spillway $(BIN)/spillway $(BENCH_OPERATOR_FLAGS)
+
 # The released helm where get.helm.sh is reachable, checked against its
 # published checksum; else built from the Go module proxy.
 $(HELM):

@@ -1,0 +1,132 @@
+// Command benchoperator measures what one operator costs as the fleets it
+// carries grow: make bench-operator. On the local control plane (an API
+// server and etcd, no controller manager, so no drainer pod runs) it
+// creates fleets over databases of the local Postgres, each with an outbox
+// table of its own, runs `spillway manager` as a process of its own, and
+// prints, for each size in -fleets, one run:
+//   - the operator's RSS and CPU, in all and per fleet;
+//   - its API requests per second, by verb (its client's own metric);
+//   - status writes and events per fleet-minute, idle and under a trickle
+//     of events into a tenth of the outboxes;
+//   - the probe's Postgres sessions per database, and its Postgres CPU per
+//     read;
+//   - status staleness (now − status.lastProbeTime) at p50/p99/max;
+//   - the time from creating the last fleet to its Deployment, and from a
+//     spec change to its Deployment's;
+//   - with -handover, the time for a second replica to lead once the
+//     leader is killed.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/spillway-io/spillway/controllers"
+	"github.com/spillway-io/spillway/test/kubeenv"
+	"github.com/spillway-io/spillway/test/testenv"
+)
+
+var (
+	fleetSizes     = flag.String("fleets", "100,1000", "the numbers of fleets to measure, in increasing order, comma-separated")
+	databases      = flag.Int("databases", 10, "databases the fleets' outboxes are spread over")
+	statusInterval = flag.Duration("status-interval", 15*time.Second, "each fleet's spec.statusInterval")
+	window         = flag.Duration("window", time.Minute, "how long each of the idle and the trickle measurements lasts")
+	changes        = flag.Int("changes", 20, "spec changes timed at each size")
+	handover       = flag.Bool("handover", true, "measure the leader hand-over with two operator replicas at the largest size")
+	spillwayBin    = flag.String("spillway", "bin/spillway", "the spillway binary the operator runs as")
+)
+
+func main() {
+	flag.Parse()
+	log.SetFlags(log.Ltime | log.Lmicroseconds)
+	log.SetPrefix("bench-operator: ")
+	var sizes []int
+	for _, s := range strings.Split(*fleetSizes, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n <= 0 || (len(sizes) > 0 && n <= sizes[len(sizes)-1]) {
+			log.Fatalf("-fleets %q: want increasing positive numbers", *fleetSizes)
+		}
+		sizes = append(sizes, n)
+	}
+	ctx := context.Background()
+
+	log.Printf("starting the control plane")
+	env, cfg, err := kubeenv.StartControlPlane()
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = env.Stop() }()
+	dir, err := os.MkdirTemp("", "spillway-bench-operator")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer func() { _ = os.RemoveAll(dir) }()
+	kubeconfig, err := kubeenv.WriteKubeconfig(env, kubeenv.Administrator, dir)
+	if err != nil {
+		log.Fatal(err)
+	}
+	scheme, err := controllers.NewScheme()
+	if err != nil {
+		log.Fatal(err)
+	}
+	k8s, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
+	if err != nil {
+		log.Fatal(err)
+	}
+	admin, err := pgxpool.New(ctx, testenv.DatabaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer admin.Close()
+
+	b := &bench{k8s: k8s, admin: admin, kubeconfig: kubeconfig, dir: dir}
+	b.prepareDatabases(ctx)
+	defer b.dropDatabases(ctx)
+	b.prepareNamespaces(ctx)
+	op := b.startOperator(ctx, "operator", false)
+	w := b.watch(ctx)
+	defer w.stop()
+
+	fmt.Printf("Spillway operator benchmark: fleets over %d databases, statusInterval %s, no drainer pods; windows of %s; %s\n\n",
+		*databases, *statusInterval, *window, time.Now().UTC().Format(time.RFC3339))
+	var results []sizeResult
+	for _, n := range sizes {
+		results = append(results, b.measure(ctx, op, w, n))
+	}
+	report(results)
+	op.stop()
+	if *handover {
+		b.handover(ctx, w, sizes[len(sizes)-1])
+	}
+}
+
+// bench holds what every measurement shares.
+type bench struct {
+	k8s        client.WithWatch
+	admin      *pgxpool.Pool
+	kubeconfig string
+	dir        string
+	// fleets is how many fleets exist so far.
+	fleets int
+	// pools are the databases' own pools, for the trickle.
+	pools []*pgxpool.Pool
+}
+
+// logFile is a file in the run's directory for a process's output.
+func (b *bench) logFile(name string) *os.File {
+	f, err := os.Create(filepath.Join(b.dir, name+".log"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	return f
+}
