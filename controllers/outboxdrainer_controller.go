@@ -76,6 +76,8 @@ type OutboxDrainerReconciler struct {
 
 	// departures are the drainer pods seen deleted.
 	departures departures
+	// applied is what the last apply of each child wrote.
+	applied appliedChildren
 }
 
 // +kubebuilder:rbac:groups=spillway.io,resources=outboxdrainers,verbs=get;list;watch
@@ -178,6 +180,7 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 func (r *OutboxDrainerReconciler) forget(key types.NamespacedName) {
 	r.Prober.Forget(key)
 	r.departures.forget(key)
+	r.applied.forget(key)
 }
 
 // conflictRetry is how often a fleet blocked by another's object looks again.
@@ -294,7 +297,7 @@ func (r *OutboxDrainerReconciler) apply(ctx context.Context, od *v1alpha1.Outbox
 	}
 	kind, name := gvk.Kind, desired.GetName()
 	log := ctrl.LoggerFrom(ctx).WithValues("kind", kind, "name", name)
-	live, err := r.existing(ctx, gvk, client.ObjectKeyFromObject(desired))
+	live, cached, err := r.existing(ctx, gvk, client.ObjectKeyFromObject(desired), b.Wanted())
 	if err != nil {
 		return nil, nil, fmt.Errorf("get %s %s: %w", kind, name, err)
 	}
@@ -334,6 +337,14 @@ func (r *OutboxDrainerReconciler) apply(ctx context.Context, od *v1alpha1.Outbox
 	unstructured.RemoveNestedField(applied.Object, "metadata", "creationTimestamp")
 	unstructured.RemoveNestedField(applied.Object, "spec", "template", "metadata", "creationTimestamp")
 	unstructured.RemoveNestedField(applied.Object, "status")
+	fleet := client.ObjectKeyFromObject(od)
+	hash, err := hashOf(applied)
+	if err != nil {
+		return nil, nil, fmt.Errorf("apply %s %s: %w", kind, name, err)
+	}
+	if cached != nil && r.applied.unchanged(fleet, kind, hash, live.ResourceVersion) {
+		return cached, nil, nil
+	}
 	err = r.Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), client.FieldOwner(FieldOwner), client.ForceOwnership)
 	if err != nil {
 		r.Recorder.Eventf(od, desired, corev1.EventTypeWarning, "FailedApply", "Apply", "Failed to apply %s %s: %v", kind, name, err)
@@ -350,16 +361,21 @@ func (r *OutboxDrainerReconciler) apply(ctx context.Context, od *v1alpha1.Outbox
 	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(applied.Object, desired); err != nil {
 		return nil, nil, fmt.Errorf("apply %s %s: %w", kind, name, err)
 	}
+	r.applied.record(fleet, kind, hash, applied.GetResourceVersion())
 	return desired, nil, nil
 }
 
-// existing returns the metadata of the object of that kind and name, or nil.
-// The cache holds only what the operator labelled, so a miss is confirmed
-// with the API server, which also sees an object of someone else's.
-func (r *OutboxDrainerReconciler) existing(ctx context.Context, gvk schema.GroupVersionKind, key client.ObjectKey) (*metav1.ObjectMeta, error) {
+// existing returns the metadata of the object of that kind and name, or nil,
+// and the object itself when the cache has it.
+// The cache holds only what the operator labelled, so a miss of a wanted
+// object is confirmed with the API server, which also sees an object of
+// someone else's. A miss of an unwanted one is not: the operator deletes
+// only what it controls, which it labelled, and asking the API server at
+// every reconcile would cost each fleet a request per status read.
+func (r *OutboxDrainerReconciler) existing(ctx context.Context, gvk schema.GroupVersionKind, key client.ObjectKey, wanted bool) (*metav1.ObjectMeta, client.Object, error) {
 	obj, err := r.Scheme.New(gvk)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	cached := obj.(client.Object)
 	err = r.Get(ctx, key, cached)
@@ -367,19 +383,22 @@ func (r *OutboxDrainerReconciler) existing(ctx context.Context, gvk schema.Group
 		return &metav1.ObjectMeta{
 			Name: cached.GetName(), Namespace: cached.GetNamespace(), UID: cached.GetUID(),
 			ResourceVersion: cached.GetResourceVersion(), OwnerReferences: cached.GetOwnerReferences(),
-		}, nil
+		}, cached, nil
 	}
 	if !apierrors.IsNotFound(err) {
-		return nil, err
+		return nil, nil, err
+	}
+	if !wanted {
+		return nil, nil, nil
 	}
 	live := &metav1.PartialObjectMetadata{}
 	live.SetGroupVersionKind(gvk)
 	if err := r.APIReader.Get(ctx, key, live); apierrors.IsNotFound(err) {
-		return nil, nil
+		return nil, nil, nil
 	} else if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return &live.ObjectMeta, nil
+	return &live.ObjectMeta, nil, nil
 }
 
 // conflictWith describes an object that holds a child's name.

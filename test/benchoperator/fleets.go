@@ -20,7 +20,6 @@ import (
 	"github.com/spillway-io/spillway/api/v1alpha1"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/test/samples"
-	"github.com/spillway-io/spillway/test/suite"
 	"github.com/spillway-io/spillway/test/testenv"
 )
 
@@ -174,9 +173,9 @@ type operator struct {
 // startOperator runs spillway manager against the control plane, with
 // leader election when elect is set.
 func (b *bench) startOperator(ctx context.Context, name string, elect bool) *operator {
-	op := &operator{name: name, metricsAddr: suite.FreeAddr(), exited: make(chan struct{})}
+	op := &operator{name: name, metricsAddr: unusedAddr(), exited: make(chan struct{})}
 	op.cmd = exec.CommandContext(ctx, *spillwayBin, "manager", "--drainer-image=registry.local/spillway:bench",
-		"--metrics-addr="+op.metricsAddr, "--health-probe-addr="+suite.FreeAddr(),
+		"--metrics-addr="+op.metricsAddr, "--health-probe-addr="+unusedAddr(),
 		fmt.Sprintf("--leader-elect=%t", elect), "--leader-election-namespace="+namespace(0), "--log-level=warn")
 	op.cmd.Env = append(os.Environ(), "KUBECONFIG="+b.kubeconfig)
 	out := b.logFile(name)
@@ -190,6 +189,24 @@ func (b *bench) startOperator(ctx context.Context, name string, elect bool) *ope
 		close(op.exited)
 	}()
 	return op
+}
+
+func unusedAddr() string {
+	addr, err := testenv.UnusedAddr()
+	if err != nil {
+		log.Fatal(err)
+	}
+	return addr
+}
+
+// alive says the process has not exited.
+func (op *operator) alive() bool {
+	select {
+	case <-op.exited:
+		return false
+	default:
+		return true
+	}
 }
 
 func (op *operator) pid() int { return op.cmd.Process.Pid }

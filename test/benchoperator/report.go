@@ -103,7 +103,7 @@ func (b *bench) handover(ctx context.Context, w *watcher, fleets int) {
 	}()
 	leaderOf := func() *operator {
 		for _, op := range replicas {
-			if scrape(op)["leader"] == 1 {
+			if op.alive() && scrape(op)["leader"] == 1 {
 				return op
 			}
 		}
