@@ -25,8 +25,8 @@ type sizeResult struct {
 	fleets int
 	// toDeployment is the time from creating the last fleet to its
 	// Deployment; changed, from each timed spec change to its Deployment's.
-	toDeployment time.Duration
-	changed      []time.Duration
+	toDeployment  time.Duration
+	changed       []time.Duration
 	idle, trickle windowResult
 	rssMiB        float64
 }
