@@ -29,6 +29,9 @@ type managerOptions struct {
 	leaderElectionNamespace                string
 	image, watchNamespaces, logLevel       string
 	probe                                  probe.Options
+	// apiQPS and apiBurst bound the operator's requests to the API server.
+	apiQPS   float64
+	apiBurst int
 }
 
 // managerFlags binds spillway manager's flags to o.
@@ -48,6 +51,12 @@ func managerFlags(o *managerOptions) *flag.FlagSet {
 	fs.IntVar(&o.probe.Concurrency, "probe-concurrency", 8, "outboxes read at once; failing ones share a quarter of it on top")
 	fs.DurationVar(&o.probe.Timeout, "probe-timeout", 10*time.Second, "bound of one read of an outbox, and of its statements on the server")
 	fs.IntVar(&o.probe.CountLimit, "probe-count-limit", 1_000_000, "pending rows a read counts at most; beyond it the status says at least")
+	// controller-runtime's 20 requests a second fall short of a thousand
+	// fleets' status writes, one per fleet every statusInterval, and a spec
+	// change then waits behind them: make bench-operator measured a new
+	// fleet's Deployment a minute and more late.
+	fs.Float64Var(&o.apiQPS, "kube-api-qps", 100, "requests per second to the API server, sustained; the API server's priority and fairness still applies")
+	fs.IntVar(&o.apiBurst, "kube-api-burst", 200, "requests to the API server in a burst above --kube-api-qps")
 	return fs
 }
 
@@ -75,6 +84,7 @@ func ManagerCommand(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("load kubeconfig: %w", err)
 	}
+	cfg.QPS, cfg.Burst = float32(o.apiQPS), o.apiBurst
 	metricsOpts := metricsserver.Options{BindAddress: o.metricsAddr}
 	if o.metricsSecure {
 		metricsOpts.SecureServing = true
@@ -98,12 +108,13 @@ func ManagerCommand(ctx context.Context, args []string) error {
 		// A new leader starts at once when the old one stops cleanly.
 		LeaderElectionReleaseOnCancel: true,
 		// When it does not (a node lost, a process killed), its lease runs
-		// out in 10 s, and a replica that tries every 2 s takes over within
-		// about 12 s, where client-go's 15 s lease took up to 17 s in make
-		// bench-operator.
-		LeaseDuration: ptr.To(10 * time.Second),
-		RenewDeadline: ptr.To(7 * time.Second),
-		RetryPeriod:   ptr.To(2 * time.Second),
+		// out 8 s after the standby last saw it renewed, and a standby that
+		// tries every second takes over soon after: client-go's 15 s lease
+		// took up to 17 s in make bench-operator, and a 10 s one with 2 s
+		// tries up to 16 s under a thousand fleets' load.
+		LeaseDuration: ptr.To(8 * time.Second),
+		RenewDeadline: ptr.To(6 * time.Second),
+		RetryPeriod:   ptr.To(time.Second),
 	})
 	if err != nil {
 		return fmt.Errorf("create manager: %w", err)

@@ -88,6 +88,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		Timeout:   probeTimeout,
 		Prober:    reconciler.Prober,
 	}
+	reconciler.Prober.CacheSecrets(mgr.GetClient())
 	mgrCtx, stop := context.WithCancel(context.Background())
 	Expect(reconciler.SetupWithManager(mgrCtx, mgr)).To(Succeed())
 	Expect(replays.SetupWithManager(mgrCtx, mgr)).To(Succeed())

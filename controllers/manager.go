@@ -89,6 +89,7 @@ func Setup(ctx context.Context, mgr ctrl.Manager, scheme *runtime.Scheme, opts O
 		Prober:    probe.New(mgr.GetAPIReader(), recorder, probe.DefaultMetrics(), opts.Probe),
 		Tracing:   opts.Tracing,
 	}
+	reconciler.Prober.CacheSecrets(mgr.GetClient())
 	if err := reconciler.SetupWithManager(ctx, mgr); err != nil {
 		return err
 	}

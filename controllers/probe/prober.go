@@ -135,8 +135,10 @@ type entry struct {
 // Prober reads the outboxes of the fleets the reconciler registers.
 type Prober struct {
 	// secrets reads Secrets straight from the API server: the manager
-	// caches only their metadata.
-	secrets client.Reader
+	// caches only their metadata, which versions reads (see secretMemo).
+	secrets  client.Reader
+	versions client.Reader
+	memo     secretMemo
 	// recorder records the releases of dead drainers' claims on their fleet.
 	recorder events.EventRecorder
 	opts     Options

@@ -97,15 +97,15 @@ func (p *Prober) missingTLSKeys(ctx context.Context, t Target) ([]string, error)
 	return missing, nil
 }
 
-// secretValue reads one key of a Secret. missing describes a Secret or key
-// that does not exist, and what it was for.
-func (p *Prober) secretValue(ctx context.Context, namespace, what string, ref v1alpha1.SecretKeyRef) (value, missing string, err error) {
-	return secretValue(ctx, p.secrets, namespace, what, ref)
+// secretValue reads one key of a Secret from the API server. missing
+// describes a Secret or key that does not exist, and what it was for.
+func secretValue(ctx context.Context, secrets client.Reader, namespace, what string, ref v1alpha1.SecretKeyRef) (value, missing string, err error) {
+	return readSecret(ctx, secrets, namespace, what, ref, &corev1.Secret{})
 }
 
-func secretValue(ctx context.Context, secrets client.Reader, namespace, what string, ref v1alpha1.SecretKeyRef) (value, missing string, err error) {
-	var secret corev1.Secret
-	if err := secrets.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, &secret); err != nil {
+// readSecret is secretValue, reading the Secret into secret.
+func readSecret(ctx context.Context, secrets client.Reader, namespace, what string, ref v1alpha1.SecretKeyRef, secret *corev1.Secret) (value, missing string, err error) {
+	if err := secrets.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, secret); err != nil {
 		if apierrors.IsNotFound(err) {
 			return "", fmt.Sprintf("Secret %q (%s) was not found", ref.Name, what), nil
 		}
@@ -113,9 +113,14 @@ func secretValue(ctx context.Context, secrets client.Reader, namespace, what str
 	}
 	v, ok := secret.Data[ref.Key]
 	if !ok || len(v) == 0 {
-		return "", fmt.Sprintf("Secret %q (%s) has no key %q", ref.Name, what, ref.Key), nil
+		return "", missingKey(ref, what), nil
 	}
 	return string(v), "", nil
+}
+
+// missingKey says that a Secret has no such key, or an empty one.
+func missingKey(ref v1alpha1.SecretKeyRef, what string) string {
+	return fmt.Sprintf("Secret %q (%s) has no key %q", ref.Name, what, ref.Key)
 }
 
 // queryOutbox reads the outbox's health through the table layer, which

@@ -32,7 +32,7 @@ func database(i int) string { return fmt.Sprintf("spillway_bench_op_%d", i) }
 func databaseURL(i int) string {
 	u, err := url.Parse(testenv.DatabaseURL())
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	u.Path = "/" + database(i)
 	return u.String()
@@ -45,11 +45,11 @@ func (b *bench) prepareDatabases(ctx context.Context) {
 	b.dropDatabases(ctx)
 	for i := range *databases {
 		if _, err := b.admin.Exec(ctx, "CREATE DATABASE "+database(i)); err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 		pool, err := pgxpool.New(ctx, databaseURL(i))
 		if err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 		b.pools = append(b.pools, pool)
 	}
@@ -73,12 +73,12 @@ func (b *bench) prepareNamespaces(ctx context.Context) {
 	for i := range *databases {
 		ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace(i)}}
 		if err := b.k8s.Create(ctx, ns); err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 		secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: namespace(i)},
 			StringData: map[string]string{"url": databaseURL(i), "amqp-url": testenv.BrokerURL()}}
 		if err := b.k8s.Create(ctx, secret); err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 	}
 }
@@ -102,10 +102,10 @@ func (b *bench) addTables(ctx context.Context, from, to int) {
 				db, _, _ := fleetKey(i)
 				spec := outbox.TableSpec{Name: "public." + fleetName(i)}
 				if _, err := outbox.Migrate(ctx, b.pools[db], spec); err != nil {
-					log.Fatal(err)
+					fatal(err)
 				}
 				if _, err := b.pools[db].Exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload) VALUES ('bench.event', '{}')"); err != nil {
-					log.Fatal(err)
+					fatal(err)
 				}
 			}
 		})
@@ -128,7 +128,7 @@ func (b *bench) createFleet(ctx context.Context, i int) {
 	od.Spec.Broker.URLSecretRef = v1alpha1.SecretKeyRef{Name: "db", Key: "amqp-url"} // no drainer runs to dial it
 	od.Spec.StatusInterval = metav1.Duration{Duration: *statusInterval}
 	if err := b.k8s.Create(ctx, od); err != nil && !apierrors.IsAlreadyExists(err) {
-		log.Fatal(err)
+		fatal(err)
 	}
 }
 
@@ -155,7 +155,7 @@ func (b *bench) trickle(ctx context.Context, fleets int) (inserted int) {
 		for db, batch := range batches {
 			if batch.Len() > 0 {
 				if err := b.pools[db].SendBatch(ctx, batch).Close(); err != nil && ctx.Err() == nil {
-					log.Fatal(err)
+					fatal(err)
 				}
 			}
 		}
@@ -178,23 +178,26 @@ func (b *bench) startOperator(ctx context.Context, name string, elect bool) *ope
 		"--metrics-addr="+op.metricsAddr, "--health-probe-addr="+unusedAddr(),
 		fmt.Sprintf("--leader-elect=%t", elect), "--leader-election-namespace="+namespace(0), "--log-level=warn")
 	op.cmd.Env = append(os.Environ(), "KUBECONFIG="+b.kubeconfig)
+	// It dies with the benchmark, however that ends.
+	op.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	out := b.logFile(name)
 	op.cmd.Stdout, op.cmd.Stderr = out, out
 	if err := op.cmd.Start(); err != nil {
-		log.Fatalf("start %s: %v (make bench-operator builds it)", *spillwayBin, err)
+		fatalf("start %s: %v (make bench-operator builds it)", *spillwayBin, err)
 	}
 	go func() {
 		_ = op.cmd.Wait()
 		_ = out.Close()
 		close(op.exited)
 	}()
+	atExit(op.stop)
 	return op
 }
 
 func unusedAddr() string {
 	addr, err := testenv.UnusedAddr()
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	return addr
 }
@@ -213,6 +216,9 @@ func (op *operator) pid() int { return op.cmd.Process.Pid }
 
 // stop ends the process as Kubernetes would, SIGTERM first.
 func (op *operator) stop() {
+	if !op.alive() {
+		return
+	}
 	_ = op.cmd.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-op.exited:

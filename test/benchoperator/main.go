@@ -54,7 +54,7 @@ func main() {
 	for _, s := range strings.Split(*fleetSizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
 		if err != nil || n <= 0 || (len(sizes) > 0 && n <= sizes[len(sizes)-1]) {
-			log.Fatalf("-fleets %q: want increasing positive numbers", *fleetSizes)
+			fatalf("-fleets %q: want increasing positive numbers", *fleetSizes)
 		}
 		sizes = append(sizes, n)
 	}
@@ -63,39 +63,40 @@ func main() {
 	log.Printf("starting the control plane")
 	env, cfg, err := kubeenv.StartControlPlane()
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
-	defer func() { _ = env.Stop() }()
+	atExit(func() { _ = env.Stop() })
+	defer runCleanups()
 	dir, err := os.MkdirTemp("", "spillway-bench-operator")
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
-	defer func() { _ = os.RemoveAll(dir) }()
+	atExit(func() { _ = os.RemoveAll(dir) })
 	kubeconfig, err := kubeenv.WriteKubeconfig(env, kubeenv.Administrator, dir)
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	scheme, err := controllers.NewScheme()
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	k8s, err := client.NewWithWatch(cfg, client.Options{Scheme: scheme})
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	admin, err := pgxpool.New(ctx, testenv.DatabaseURL())
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
-	defer admin.Close()
+	atExit(admin.Close)
 
 	b := &bench{k8s: k8s, admin: admin, kubeconfig: kubeconfig, dir: dir}
 	b.prepareDatabases(ctx)
-	defer b.dropDatabases(ctx)
+	atExit(func() { b.dropDatabases(ctx) })
 	b.prepareNamespaces(ctx)
 	op := b.startOperator(ctx, "operator", false)
 	w := b.watch(ctx)
-	defer w.stop()
+	atExit(w.stop)
 
 	fmt.Printf("Spillway operator benchmark: fleets over %d databases, statusInterval %s, no drainer pods; windows of %s; %s\n\n",
 		*databases, *statusInterval, *window, time.Now().UTC().Format(time.RFC3339))
@@ -109,6 +110,28 @@ func main() {
 		b.handover(ctx, w, sizes[len(sizes)-1])
 	}
 }
+
+// cleanups undo what the run started, last first, when it ends early too:
+// an operator or a control plane left running would go on reading the next
+// run's databases.
+var cleanups []func()
+
+func atExit(f func()) { cleanups = append(cleanups, f) }
+
+func runCleanups() {
+	for i := len(cleanups) - 1; i >= 0; i-- {
+		cleanups[i]()
+	}
+	cleanups = nil
+}
+
+func fatal(v ...any) {
+	log.Print(v...)
+	runCleanups()
+	os.Exit(1)
+}
+
+func fatalf(format string, v ...any) { fatal(fmt.Sprintf(format, v...)) }
 
 // bench holds what every measurement shares.
 type bench struct {
@@ -126,7 +149,7 @@ type bench struct {
 func (b *bench) logFile(name string) *os.File {
 	f, err := os.Create(filepath.Join(b.dir, name+".log"))
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	return f
 }

@@ -66,7 +66,7 @@ func (b *bench) measure(ctx context.Context, op *operator, w *watcher, n int) si
 	b.createFleet(ctx, n-1)
 	at, ok := w.waitFor(time.Minute, func() bool { _, ok := w.deployed[last]; return ok })
 	if !ok {
-		log.Fatalf("fleet %s has no Deployment a minute after it was created", last)
+		fatalf("fleet %s has no Deployment a minute after it was created", last)
 	}
 	r.toDeployment = at.Sub(created)
 	b.fleets = n
@@ -77,7 +77,7 @@ func (b *bench) measure(ctx context.Context, op *operator, w *watcher, n int) si
 	}
 	log.Printf("%d fleets created; waiting for every status to be read", n)
 	if _, ok := w.waitFor(10*time.Minute, func() bool { return len(w.probed) >= n }); !ok {
-		log.Fatalf("not every fleet's status was read within 10 minutes")
+		fatalf("not every fleet's status was read within 10 minutes")
 	}
 	// A full interval more, so that the window starts in the steady state.
 	time.Sleep(*statusInterval)
@@ -93,11 +93,11 @@ func (b *bench) measure(ctx context.Context, op *operator, w *watcher, n int) si
 		patch := client.RawPatch(types.MergePatchType, fmt.Appendf(nil, `{"spec":{"batchSize":%d}}`, size))
 		changed := time.Now()
 		if err := b.k8s.Patch(ctx, &v1alpha1.OutboxDrainer{ObjectMeta: metav1.ObjectMeta{Name: key.Name, Namespace: key.Namespace}}, patch); err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 		at, ok := w.waitFor(time.Minute, func() bool { return w.hasArg(key, "--batch-size="+strconv.Itoa(size)) })
 		if !ok {
-			log.Fatalf("the Deployment of %s did not take batchSize %d within a minute", key, size)
+			fatalf("the Deployment of %s did not take batchSize %d within a minute", key, size)
 		}
 		r.changed = append(r.changed, at.Sub(changed))
 	}
@@ -226,14 +226,14 @@ func rssMiB(pid int) float64 {
 func (b *bench) probeBackends(ctx context.Context) map[int]float64 {
 	rows, err := b.admin.Query(ctx, "SELECT pid FROM pg_stat_activity WHERE application_name = 'spillway-operator'")
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	defer rows.Close()
 	out := map[int]float64{}
 	for rows.Next() {
 		var pid int
 		if err := rows.Scan(&pid); err != nil {
-			log.Fatal(err)
+			fatal(err)
 		}
 		out[pid] = processCPU(pid)
 	}
@@ -257,7 +257,7 @@ func (b *bench) sessionsPerDatabase(ctx context.Context) int {
 	err := b.admin.QueryRow(ctx, `SELECT coalesce(max(c), 0) FROM (SELECT count(*) c FROM pg_stat_activity
 		WHERE application_name = 'spillway-operator' GROUP BY datname) s`).Scan(&n)
 	if err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	return n
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"log"
 	"slices"
 	"strings"
 	"time"
@@ -115,7 +114,7 @@ func (b *bench) handover(ctx context.Context, w *watcher, fleets int) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if leader == nil {
-		log.Fatal("no replica leads after a minute")
+		fatal("no replica leads after a minute")
 	}
 	time.Sleep(*statusInterval) // the leader's reads under way
 	backwards := w.backward()
@@ -126,18 +125,18 @@ func (b *bench) handover(ctx context.Context, w *watcher, fleets int) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	if next == nil {
-		log.Fatal("no replica leads two minutes after the leader was killed")
+		fatal("no replica leads two minutes after the leader was killed")
 	}
 	led := time.Since(killed)
 	_, ns, name := fleetKey(0)
 	key := types.NamespacedName{Namespace: ns, Name: name}
 	patch := client.RawPatch(types.MergePatchType, []byte(`{"spec":{"batchSize":499}}`))
 	if err := b.k8s.Patch(ctx, &v1alpha1.OutboxDrainer{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}, patch); err != nil {
-		log.Fatal(err)
+		fatal(err)
 	}
 	at, ok := w.waitFor(time.Minute, func() bool { return w.hasArg(key, "--batch-size=499") })
 	if !ok {
-		log.Fatal("the new leader did not carry a spec change to its Deployment within a minute")
+		fatal("the new leader did not carry a spec change to its Deployment within a minute")
 	}
 	time.Sleep(2 * *statusInterval) // every status read again by the new leader
 	back := w.backward() - backwards

@@ -34,6 +34,10 @@ func startControlPlane(crdDirs ...string) (*envtest.Environment, *rest.Config, e
 		CRDDirectoryPaths:     crdDirs,
 		ErrorIfCRDPathMissing: true,
 	}
+	// Room for a thousand fleets' metrics Services (make bench-operator),
+	// each with a cluster IP, as a cluster's range has: envtest's /24 holds
+	// 254.
+	env.ControlPlane.GetAPIServer().Configure().Set("service-cluster-ip-range", "10.0.0.0/16")
 	cfg, err := env.Start()
 	if err != nil {
 		return nil, nil, err
