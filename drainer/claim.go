@@ -2,13 +2,16 @@ package drainer
 
 import (
 	"context"
+	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/drainer/sink"
+	"github.com/spillway-io/spillway/drainer/webhook"
 	"github.com/spillway-io/spillway/outbox"
 )
 
@@ -278,6 +281,22 @@ func (d *Drainer) connectBroker(ctx, hardStop context.Context) error {
 	d.current.Store(&openSink{b})
 	d.showBroker()
 	return nil
+}
+
+// dialerOf is the dialer of the sink cfg names: the webhook, when set, or
+// the broker.
+func dialerOf(cfg Config, payloadType string, metrics *Metrics, log *slog.Logger) sink.Dialer {
+	cfg.Broker.Format = cfg.Format
+	if cfg.Webhook != nil {
+		cfg.Webhook.Format = cfg.Format
+		d := webhook.NewDialer(*cfg.Webhook, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
+		d.Observe = func(class string, took time.Duration) {
+			metrics.WebhookResponses.WithLabelValues(class).Inc()
+			metrics.WebhookDuration.Observe(took.Seconds())
+		}
+		return d
+	}
+	return rabbitmq.NewDialer(cfg.Broker, cfg.DrainerID, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
 }
 
 // brokerUsable reports whether d.broker may publish: open, not due for a

@@ -13,9 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
-	"github.com/spillway-io/spillway/drainer/rabbitmq"
 	"github.com/spillway-io/spillway/drainer/sink"
-	"github.com/spillway-io/spillway/drainer/webhook"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
 )
@@ -161,22 +159,6 @@ func New(cfg Config, store *outbox.Store, metrics *Metrics, log *slog.Logger) (*
 	}
 	d.liveness.beat(0)
 	return d, nil
-}
-
-// dialerOf is the dialer of the sink cfg names: the webhook, when set, or
-// the broker.
-func dialerOf(cfg Config, payloadType string, metrics *Metrics, log *slog.Logger) sink.Dialer {
-	cfg.Broker.Format = cfg.Format
-	if cfg.Webhook != nil {
-		cfg.Webhook.Format = cfg.Format
-		d := webhook.NewDialer(*cfg.Webhook, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
-		d.Observe = func(class string, took time.Duration) {
-			metrics.WebhookResponses.WithLabelValues(class).Inc()
-			metrics.WebhookDuration.Observe(took.Seconds())
-		}
-		return d
-	}
-	return rabbitmq.NewDialer(cfg.Broker, cfg.DrainerID, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
 }
 
 // openSink holds the open sink, for the readiness probe.
