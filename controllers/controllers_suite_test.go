@@ -12,6 +12,7 @@ import (
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	eventsv1 "k8s.io/api/events/v1"
@@ -45,8 +46,10 @@ var (
 	reconciler *controllers.OutboxDrainerReconciler
 	// replays is the manager's OutboxReplay reconciler.
 	replays    *controllers.OutboxReplayReconciler
-	db         *pgxpool.Pool
-	kubeconfig string
+	// outboxMetrics are the Prober's, where the latest read's time shows.
+	outboxMetrics *probe.Metrics
+	db            *pgxpool.Pool
+	kubeconfig    string
 )
 
 var _ = BeforeSuite(func(ctx SpecContext) {
@@ -71,6 +74,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		Controller: config.Controller{SkipNameValidation: ptr.To(true)},
 	})
 	Expect(err).NotTo(HaveOccurred())
+	outboxMetrics = probe.NewMetrics(prometheus.NewRegistry())
 	reconciler = &controllers.OutboxDrainerReconciler{
 		Client:    mgr.GetClient(),
 		APIReader: mgr.GetAPIReader(),
@@ -79,7 +83,7 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 		Image:     "ghcr.io/spillway-io/spillway:test",
 		// A short timeout, so a database that never answers shows as such
 		// within a spec's patience.
-		Prober: probe.New(mgr.GetAPIReader(), mgr.GetEventRecorder("spillway-operator"), probe.NewMetrics(prometheus.NewRegistry()), probe.Options{Timeout: probeTimeout}),
+		Prober: probe.New(mgr.GetAPIReader(), mgr.GetEventRecorder("spillway-operator"), outboxMetrics, probe.Options{Timeout: probeTimeout}),
 	}
 	replays = &controllers.OutboxReplayReconciler{
 		Client:    mgr.GetClient(),
@@ -110,6 +114,13 @@ var _ = BeforeSuite(func(ctx SpecContext) {
 	kubeconfig, err = kubeenv.WriteKubeconfig(env, kubeenv.Administrator, dir)
 	Expect(err).NotTo(HaveOccurred())
 })
+
+// lastRead is when the Prober last read od's outbox successfully, by its
+// metric: a read that changes nothing writes no status.
+func lastRead(od *v1alpha1.OutboxDrainer) time.Time {
+	at := testutil.ToFloat64(outboxMetrics.LastRead.WithLabelValues(od.Namespace, od.Name))
+	return time.Unix(0, int64(at*1e9))
+}
 
 // kubectl runs kubectl against the test API server and returns its output.
 func kubectl(args ...string) string {

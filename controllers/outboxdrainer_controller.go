@@ -145,6 +145,7 @@ func (r *OutboxDrainerReconciler) Reconcile(ctx context.Context, req ctrl.Reques
 
 	next := nextStatus(od, fleet, read)
 	next.Autoscaling = sized.Status.Autoscaling
+	stampRead(&od.Status, next, read)
 	r.Prober.ReportFleet(req.NamespacedName, meta.IsStatusConditionTrue(next.Conditions, string(v1alpha1.ConditionReady)),
 		fleet.DesiredReplicas, next.ReadyReplicas)
 	if !equality.Semantic.DeepEqual(&od.Status, next) {
@@ -261,7 +262,20 @@ func recordOutbox(s *v1alpha1.OutboxDrainerStatus, read *probe.Result) {
 	if o.AgeKnown {
 		s.OldestPendingAge = &metav1.Duration{Duration: o.OldestPendingAge.Round(time.Second)}
 	}
-	s.LastProbeTime = ptr.To(metav1.NewTime(read.Time.Truncate(time.Second)))
+}
+
+// stampRead dates the next status by the good read it carries, but only
+// when the status changes: a read that finds the outbox as it was writes
+// nothing. At a thousand fleets a write per read was all of the operator's
+// idle load on the API server, as node heartbeats were before Leases. The
+// time of the latest read is spillway_outbox_last_read_timestamp_seconds.
+func stampRead(before, next *v1alpha1.OutboxDrainerStatus, read *probe.Result) {
+	if read == nil || read.Outbox == nil {
+		return
+	}
+	if next.LastProbeTime == nil || !equality.Semantic.DeepEqual(before, next) {
+		next.LastProbeTime = ptr.To(metav1.NewTime(read.Time.Truncate(time.Second)))
+	}
 }
 
 // applyChildren applies every child object in the builders' order, and

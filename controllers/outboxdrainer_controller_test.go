@@ -210,6 +210,30 @@ var _ = Describe("OutboxDrainer controller", func() {
 			Expect(withoutAge(kubectl("get", "od", "-n", ns))).To(Equal(withoutAge(out)), "the short name")
 		})
 
+		It("writes no status while its reads find the outbox as it was, and dates the status by the read that changed it", func(ctx SpecContext) {
+			// Nothing pending, so no age that grows with each read.
+			runSQL(ctx, `UPDATE `+table+` SET published_at = now() WHERE published_at IS NULL`)
+			connectionSecrets(ctx, ns)
+			Expect(k8s.Create(ctx, od)).To(Succeed())
+			Eventually(func() *int64 { return get(ctx, od.DeepCopy()).Status.Backlog }).Should(Equal(ptr.To(int64(0))))
+			written := get(ctx, od.DeepCopy())
+
+			after := time.Now()
+			Eventually(func() time.Time { return lastRead(od) }).WithTimeout(4*statusInterval).
+				Should(BeTemporally(">", after.Add(statusInterval)), "two more reads")
+			now := get(ctx, od.DeepCopy())
+			Expect(now.ResourceVersion).To(Equal(written.ResourceVersion), "reads that found the outbox as it was wrote nothing")
+			Expect(now.Status.LastProbeTime.Time).To(BeTemporally("<", after))
+
+			runSQL(ctx, `INSERT INTO `+table+` (event_type, payload) VALUES ('order.paid', '{}')`)
+			inserted := time.Now()
+			Eventually(func() *int64 { return get(ctx, od.DeepCopy()).Status.Backlog }).
+				WithTimeout(statusInterval + 2*time.Second).Should(Equal(ptr.To(int64(1))))
+			// lastProbeTime has a second's precision.
+			Expect(get(ctx, od.DeepCopy()).Status.LastProbeTime.Time).To(BeTemporally(">=", inserted.Truncate(time.Second)),
+				"the status is dated by the read that saw the row")
+		})
+
 		It("keeps reporting the outbox of a paused fleet scaled to zero", func(ctx SpecContext) {
 			connectionSecrets(ctx, ns)
 			od.Spec.Paused = true

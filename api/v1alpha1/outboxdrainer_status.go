@@ -55,9 +55,13 @@ type OutboxDrainerStatus struct {
 	// and when a read fails.
 	// +optional
 	BlockedKeys *BlockedKeys `json:"blockedKeys,omitempty"`
-	// LastProbeTime is when the outbox was last read successfully. When a
-	// read fails, backlog, poisoned and oldestPendingAge are removed rather
-	// than shown as current, and this keeps the time of the last good read.
+	// LastProbeTime is the time of the good read that last changed this
+	// status. A read that finds everything as it was does not rewrite the
+	// status, so while DatabaseReachable is True the numbers hold as of the
+	// latest read, whose time is the operator's metric
+	// spillway_outbox_last_read_timestamp_seconds. When a read fails,
+	// backlog, poisoned and oldestPendingAge are removed rather than shown
+	// as current, and this keeps the time of the last good read.
 	// +optional
 	LastProbeTime *metav1.Time `json:"lastProbeTime,omitempty"`
 
