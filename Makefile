@@ -116,9 +116,9 @@ bench: services ## Measure broker ceiling, drainer throughput, claim latency and
 BENCH_OPERATOR_FLAGS ?=
 
 .PHONY: bench-operator
-bench-operator: build services ## Measure one operator carrying 100 and 1,000 fleets: memory, CPU, API load, status writes, probe sessions, staleness, latencies, hand-over.
+bench-operator: build image services ## Measure one operator carrying 100 and 1,000 fleets, and 100 with drainer pods: memory, CPU, API load, status writes, probe sessions, staleness, latencies, hand-over.
 	@assets=$$(hack/control-plane.sh) && \
-		KUBEBUILDER_ASSETS=$$assets flock -s $(SERVICES_LOCK) $(GO) run ./test/benchoperator -spillway $(BIN)/spillway $(BENCH_OPERATOR_FLAGS)
+		KUBEBUILDER_ASSETS=$$assets SPILLWAY_IMAGE_LAYOUT=$(IMAGE_LAYOUT) flock -s $(SERVICES_LOCK) $(GO) run ./test/benchoperator -spillway $(BIN)/spillway $(BENCH_OPERATOR_FLAGS)
 
 # The released helm where get.helm.sh is reachable, checked against its
 # published checksum; else built from the Go module proxy.

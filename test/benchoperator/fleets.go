@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/spillway-io/spillway/api/v1alpha1"
@@ -75,8 +76,12 @@ func (b *bench) prepareNamespaces(ctx context.Context) {
 		if err := b.k8s.Create(ctx, ns); err != nil {
 			fatal(err)
 		}
+		url := databaseURL(i)
+		if b.drainers != nil {
+			url = b.drainers.bouncedURL(i)
+		}
 		secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: namespace(i)},
-			StringData: map[string]string{"url": databaseURL(i), "amqp-url": testenv.BrokerURL()}}
+			StringData: map[string]string{"url": url, "amqp-url": testenv.BrokerURL()}}
 		if err := b.k8s.Create(ctx, secret); err != nil {
 			fatal(err)
 		}
@@ -91,9 +96,11 @@ func fleetKey(i int) (db int, ns, name string) {
 	return i % *databases, namespace(i % *databases), "fleet-" + fmt.Sprintf("%04d", i)
 }
 
-// addTables migrates the outbox tables of fleets from to to-1, four at a
-// time, each with a row pending.
-func (b *bench) addTables(ctx context.Context, from, to int) {
+// addTables migrates the outbox tables of fleets up to to-1 that are not
+// there yet, four at a time, each with a row published.
+func (b *bench) addTables(ctx context.Context, to int) {
+	from := b.tables
+	b.tables = max(b.tables, to)
 	var wg sync.WaitGroup
 	next := make(chan int)
 	for range 4 {
@@ -104,7 +111,9 @@ func (b *bench) addTables(ctx context.Context, from, to int) {
 				if _, err := outbox.Migrate(ctx, b.pools[db], spec); err != nil {
 					fatal(err)
 				}
-				if _, err := b.pools[db].Exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload) VALUES ('bench.event', '{}')"); err != nil {
+				// Published, as a drained outbox is: a pending row's age would
+				// change the status at every read.
+				if _, err := b.pools[db].Exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload, published_at) VALUES ('bench.seed', '{}', now())"); err != nil {
 					fatal(err)
 				}
 			}
@@ -125,8 +134,16 @@ func (b *bench) createFleet(ctx context.Context, i int) {
 	od.ObjectMeta = metav1.ObjectMeta{Name: name, Namespace: ns}
 	od.Spec.Database.URLSecretRef.Name = "db"
 	od.Spec.Database.Table = "public." + fleetName(i)
-	od.Spec.Broker.URLSecretRef = v1alpha1.SecretKeyRef{Name: "db", Key: "amqp-url"} // no drainer runs to dial it
+	od.Spec.Broker.URLSecretRef = v1alpha1.SecretKeyRef{Name: "db", Key: "amqp-url"}
 	od.Spec.StatusInterval = metav1.Duration{Duration: *statusInterval}
+	if b.drainers != nil {
+		od.Spec.Broker.Exchange = b.drainers.topology.Exchange
+		od.Spec.Database.Pooler = &v1alpha1.Pooler{Mode: v1alpha1.PoolModeTransaction}
+		// A hundred drainers at the default 100m would ask for more than
+		// the node's 8 cores; a drainer of a trickle needs far less.
+		od.Spec.Resources = corev1.ResourceRequirements{Requests: corev1.ResourceList{
+			corev1.ResourceCPU: resource.MustParse("20m"), corev1.ResourceMemory: resource.MustParse("32Mi")}}
+	}
 	if err := b.k8s.Create(ctx, od); err != nil && !apierrors.IsAlreadyExists(err) {
 		fatal(err)
 	}
@@ -174,7 +191,11 @@ type operator struct {
 // leader election when elect is set.
 func (b *bench) startOperator(ctx context.Context, name string, elect bool) *operator {
 	op := &operator{name: name, metricsAddr: unusedAddr(), exited: make(chan struct{})}
-	op.cmd = exec.CommandContext(ctx, *spillwayBin, "manager", "--drainer-image=registry.local/spillway:bench",
+	image := "registry.local/spillway:bench" // no drainer pod runs it
+	if b.drainers != nil {
+		image = b.drainers.image
+	}
+	op.cmd = exec.CommandContext(ctx, *spillwayBin, "manager", "--drainer-image="+image,
 		"--metrics-addr="+op.metricsAddr, "--health-probe-addr="+unusedAddr(),
 		fmt.Sprintf("--leader-elect=%t", elect), "--leader-election-namespace="+namespace(0), "--log-level=warn")
 	op.cmd.Env = append(os.Environ(), "KUBECONFIG="+b.kubeconfig)

@@ -10,11 +10,15 @@
 //     of events into a tenth of the outboxes;
 //   - the probe's Postgres sessions per database, and its Postgres CPU per
 //     read;
-//   - status staleness (now − status.lastProbeTime) at p50/p99/max;
+//   - status staleness (now − the fleet's last read, by the operator's
+//     spillway_outbox_last_read_timestamp_seconds) at p50/p99/max;
 //   - the time from creating the last fleet to its Deployment, and from a
 //     spec change to its Deployment's;
 //   - with -handover, the time for a second replica to lead once the
-//     leader is killed.
+//     leader is killed;
+//   - with -pods, the same for fleets whose drainers run, one pod each, on
+//     the local cluster (kubeenv.StartCluster), through a PgBouncer of its
+//     own in transaction mode, and that every row reached the queue.
 package main
 
 import (
@@ -28,8 +32,10 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/spillway-io/spillway/controllers"
 	"github.com/spillway-io/spillway/test/kubeenv"
@@ -43,6 +49,7 @@ var (
 	window         = flag.Duration("window", time.Minute, "how long each of the idle and the trickle measurements lasts")
 	changes        = flag.Int("changes", 20, "spec changes timed at each size")
 	handover       = flag.Bool("handover", true, "measure the leader hand-over with two operator replicas at the largest size")
+	podFleets      = flag.Int("pods", 100, "fleets measured last with one drainer pod each, on the local cluster of processes; 0 skips them")
 	spillwayBin    = flag.String("spillway", "bin/spillway", "the spillway binary the operator runs as")
 )
 
@@ -50,6 +57,7 @@ func main() {
 	flag.Parse()
 	log.SetFlags(log.Ltime | log.Lmicroseconds)
 	log.SetPrefix("bench-operator: ")
+	ctrllog.SetLogger(logr.Discard()) // envtest's own progress is not the report's
 	var sizes []int
 	for _, s := range strings.Split(*fleetSizes, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(s))
@@ -109,6 +117,14 @@ func main() {
 	if *handover {
 		b.handover(ctx, w, sizes[len(sizes)-1])
 	}
+	if *podFleets > 0 {
+		w.stop()
+		if err := env.Stop(); err != nil {
+			log.Printf("stopping the control plane: %v", err)
+		}
+		fmt.Println()
+		describe(b.withPods(ctx, *podFleets))
+	}
 }
 
 // cleanups undo what the run started, last first, when it ends early too:
@@ -139,8 +155,11 @@ type bench struct {
 	admin      *pgxpool.Pool
 	kubeconfig string
 	dir        string
-	// fleets is how many fleets exist so far.
-	fleets int
+	// fleets is how many fleets exist so far; tables, how many outbox
+	// tables.
+	fleets, tables int
+	// drainers is set where the fleets' drainers run.
+	drainers *drainers
 	// pools are the databases' own pools, for the trickle.
 	pools []*pgxpool.Pool
 }

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -29,6 +30,12 @@ type sizeResult struct {
 	changed       []time.Duration
 	idle, trickle windowResult
 	rssMiB        float64
+	// withPods is set where the drainers ran: toReady is from creating the
+	// last fleet to every drainer Ready; rows are the rows of their outboxes,
+	// queued the messages that reached the queue, pending the rows left.
+	withPods              bool
+	toReady               time.Duration
+	rows, queued, pending int
 }
 
 // windowResult is one measured window.
@@ -40,7 +47,7 @@ type windowResult struct {
 	requests map[string]float64
 	// statusWrites and events per fleet-minute.
 	statusWrites, events float64
-	// stale is every sample of now − lastProbeTime, over all fleets.
+	// stale is every sample of now − the fleet's last read, over all fleets.
 	stale []time.Duration
 	// sessions is the most probe sessions seen on any one database.
 	sessions int
@@ -55,8 +62,9 @@ type windowResult struct {
 func (b *bench) measure(ctx context.Context, op *operator, w *watcher, n int) sizeResult {
 	r := sizeResult{fleets: n}
 	start := time.Now()
-	b.addTables(ctx, b.fleets, n)
-	log.Printf("%d outbox tables migrated in %s", n-b.fleets, time.Since(start).Round(time.Second))
+	tables := b.tables
+	b.addTables(ctx, n)
+	log.Printf("%d outbox tables migrated in %s", b.tables-tables, time.Since(start).Round(time.Second))
 	for i := b.fleets; i < n-1; i++ {
 		b.createFleet(ctx, i)
 	}
@@ -70,6 +78,15 @@ func (b *bench) measure(ctx context.Context, op *operator, w *watcher, n int) si
 	}
 	r.toDeployment = at.Sub(created)
 	b.fleets = n
+	if b.drainers != nil {
+		r.withPods = true
+		log.Printf("%d fleets created; waiting for every drainer to be Ready", n)
+		at, ok := w.waitFor(10*time.Minute, func() bool { return len(w.ready) >= n })
+		if !ok {
+			fatalf("not every fleet's drainer was Ready within 10 minutes")
+		}
+		r.toReady = at.Sub(created)
+	}
 	keys := make([]types.NamespacedName, n)
 	for i := range keys {
 		_, ns, name := fleetKey(i)
@@ -108,7 +125,7 @@ func (b *bench) measure(ctx context.Context, op *operator, w *watcher, n int) si
 // into a tenth of the outboxes when trickling.
 func (b *bench) window(ctx context.Context, op *operator, w *watcher, keys []types.NamespacedName, trickling bool) windowResult {
 	r := windowResult{}
-	cpu0, requests0 := processCPU(op.pid()), scrape(op)
+	cpu0, metrics0 := processCPU(op.pid()), scrape(op)
 	writes0, events0 := w.counts()
 	backends0 := b.probeBackends(ctx)
 	trickled := make(chan int, 1)
@@ -120,7 +137,9 @@ func (b *bench) window(ctx context.Context, op *operator, w *watcher, keys []typ
 		trickled <- 0
 	}
 	start := time.Now()
-	tick := time.NewTicker(2 * time.Second)
+	// A scrape of a thousand fleets' metrics costs the operator too, so
+	// sample as often as a Prometheus would, not more.
+	tick := time.NewTicker(5 * time.Second)
 	defer tick.Stop()
 sampling:
 	for {
@@ -128,7 +147,7 @@ sampling:
 		case <-windowCtx.Done():
 			break sampling
 		case now := <-tick.C:
-			ages, _ := w.staleness(now, keys)
+			ages, _ := scrape(op).staleness(now, keys)
 			r.stale = append(r.stale, ages...)
 			r.sessions = max(r.sessions, b.sessionsPerDatabase(ctx))
 		}
@@ -137,14 +156,12 @@ sampling:
 	r.seconds = time.Since(start).Seconds()
 	minutes := r.seconds / 60 * float64(len(keys))
 	r.cpu = (processCPU(op.pid()) - cpu0) / r.seconds
-	requests1 := scrape(op)
+	metrics1 := scrape(op)
 	r.requests = map[string]float64{}
-	for verb, v := range requests1 {
-		if verb != "reads" && verb != "leader" {
-			r.requests[verb] = (v - requests0[verb]) / r.seconds
-		}
+	for verb, v := range metrics1.requests {
+		r.requests[verb] = (v - metrics0.requests[verb]) / r.seconds
 	}
-	r.reads = requests1["reads"] - requests0["reads"]
+	r.reads = metrics1.reads - metrics0.reads
 	writes1, events1 := w.counts()
 	r.statusWrites, r.events = float64(writes1-writes0)/minutes, float64(events1-events0)/minutes
 	if r.reads > 0 {
@@ -154,11 +171,23 @@ sampling:
 	return r
 }
 
-// scrape reads the operator's metrics: its API client's requests by verb
-// (rest_client_requests_total's method), and, as "reads", the probe's
-// reads of every outbox, and, as "leader", whether it leads.
-func scrape(op *operator) map[string]float64 {
-	out := map[string]float64{}
+// scraped is one scrape of the operator's metrics.
+type scraped struct {
+	// requests are its API client's requests by verb
+	// (rest_client_requests_total's method).
+	requests map[string]float64
+	// reads counts the probe's reads of every outbox.
+	reads  float64
+	leader bool
+	// lastRead is when each fleet's outbox was last read: a read that finds
+	// it as it was writes no status, so the status's own time says when it
+	// last changed, not how fresh it is.
+	lastRead map[types.NamespacedName]time.Time
+}
+
+// scrape reads the operator's metrics.
+func scrape(op *operator) scraped {
+	out := scraped{requests: map[string]float64{}, lastRead: map[types.NamespacedName]time.Time{}}
 	resp, err := http.Get("http://" + op.metricsAddr + "/metrics")
 	if err != nil {
 		log.Printf("scrape %s: %v", op.name, err)
@@ -171,26 +200,44 @@ func scrape(op *operator) map[string]float64 {
 		log.Printf("scrape %s: %v", op.name, err)
 		return out
 	}
-	if f := families["rest_client_requests_total"]; f != nil {
-		for _, m := range f.Metric {
-			for _, l := range m.Label {
-				if l.GetName() == "method" {
-					out[l.GetValue()] += m.GetCounter().GetValue()
-				}
-			}
-		}
+	for _, m := range families["rest_client_requests_total"].GetMetric() {
+		out.requests[label(m, "method")] += m.GetCounter().GetValue()
 	}
-	if f := families["leader_election_master_status"]; f != nil {
-		for _, m := range f.Metric {
-			out["leader"] += m.GetGauge().GetValue()
-		}
+	for _, m := range families["leader_election_master_status"].GetMetric() {
+		out.leader = out.leader || m.GetGauge().GetValue() == 1
 	}
-	if f := families["spillway_outbox_probe_duration_seconds"]; f != nil {
-		for _, m := range f.Metric {
-			out["reads"] += float64(m.GetHistogram().GetSampleCount())
-		}
+	for _, m := range families["spillway_outbox_probe_duration_seconds"].GetMetric() {
+		out.reads += float64(m.GetHistogram().GetSampleCount())
+	}
+	for _, m := range families["spillway_outbox_last_read_timestamp_seconds"].GetMetric() {
+		key := types.NamespacedName{Namespace: label(m, "namespace"), Name: label(m, "name")}
+		out.lastRead[key] = time.Unix(0, int64(m.GetGauge().GetValue()*1e9))
 	}
 	return out
+}
+
+// label is the value of a metric's label, or "".
+func label(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
+}
+
+// staleness is now − the last read of each fleet, and the number of fleets
+// not read yet.
+func (s scraped) staleness(now time.Time, fleets []types.NamespacedName) (ages []time.Duration, unread int) {
+	for _, key := range fleets {
+		t, ok := s.lastRead[key]
+		if !ok {
+			unread++
+			continue
+		}
+		ages = append(ages, now.Sub(t))
+	}
+	return ages, unread
 }
 
 // processCPU is a process's user and system CPU seconds.

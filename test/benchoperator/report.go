@@ -17,21 +17,7 @@ import (
 // report prints each size's figures, and the targets at the largest.
 func report(results []sizeResult) {
 	for _, r := range results {
-		fmt.Printf("%d fleets: operator RSS %.0f MiB (%.1f KiB per fleet); from creating the last fleet to its Deployment %s; "+
-			"spec change to Deployment p50 %s, p99 %s, max %s\n",
-			r.fleets, r.rssMiB, r.rssMiB*1024/float64(r.fleets), r.toDeployment.Round(time.Millisecond),
-			quantile(r.changed, 0.5), quantile(r.changed, 0.99), quantile(r.changed, 1))
-		for _, w := range []struct {
-			name string
-			r    windowResult
-		}{{"idle", r.idle}, {fmt.Sprintf("trickle (%d events into a tenth of the outboxes)", r.trickle.trickled), r.trickle}} {
-			fmt.Printf("  %s, %.0f s: CPU %.3f cores (%.2f ms/s per fleet); API requests/s %s (%.3f per fleet-minute); "+
-				"status writes %.2f and events %.2f per fleet-minute; staleness p50 %s, p99 %s, max %s; "+
-				"probe sessions ≤ %d per database; %.0f reads, Postgres %s CPU per read\n",
-				w.name, w.r.seconds, w.r.cpu, 1000*w.r.cpu/float64(r.fleets), verbs(w.r.requests), perFleetMinute(w.r.requests, r.fleets),
-				w.r.statusWrites, w.r.events, quantile(w.r.stale, 0.5), quantile(w.r.stale, 0.99), quantile(w.r.stale, 1),
-				w.r.sessions, w.r.reads, w.r.pgCPUPerRead.Round(time.Microsecond))
-		}
+		describe(r)
 	}
 	r := results[len(results)-1]
 	fmt.Println()
@@ -51,6 +37,38 @@ func report(results []sizeResult) {
 	target("idle API requests ≤ 1 per fleet-minute", fmt.Sprintf("%.3f", idle), idle <= 1)
 	target("probe sessions ≤ 2 per database", fmt.Sprint(max(r.idle.sessions, r.trickle.sessions)), max(r.idle.sessions, r.trickle.sessions) <= 2)
 	target("operator RSS ≤ 256 MiB", fmt.Sprintf("%.0f MiB", r.rssMiB), r.rssMiB <= 256)
+}
+
+// describe prints one size's figures.
+func describe(r sizeResult) {
+	fleets := fmt.Sprintf("%d fleets", r.fleets)
+	if r.withPods {
+		fleets += " with a drainer pod each"
+	}
+	fmt.Printf("%s: operator RSS %.0f MiB (%.1f KiB per fleet); from creating the last fleet to its Deployment %s; "+
+		"spec change to Deployment p50 %s, p99 %s, max %s\n",
+		fleets, r.rssMiB, r.rssMiB*1024/float64(r.fleets), r.toDeployment.Round(time.Millisecond),
+		quantile(r.changed, 0.5), quantile(r.changed, 0.99), quantile(r.changed, 1))
+	if r.withPods {
+		fmt.Printf("  every drainer Ready %s after the last fleet was created; %d rows, %d messages in the queue "+
+			"(%d duplicates), %d rows still pending\n",
+			r.toReady.Round(time.Millisecond), r.rows, r.queued, max(r.queued-r.rows, 0), r.pending)
+	}
+	for _, w := range []struct {
+		name string
+		r    windowResult
+	}{{"idle", r.idle}, {fmt.Sprintf("trickle (%d events into a tenth of the outboxes)", r.trickle.trickled), r.trickle}} {
+		probe := fmt.Sprintf("probe sessions ≤ %d per database; %.0f reads, Postgres %s CPU per read",
+			w.r.sessions, w.r.reads, w.r.pgCPUPerRead.Round(time.Microsecond))
+		if r.withPods {
+			// PgBouncer's server sessions serve the drainers and the probe alike.
+			probe = fmt.Sprintf("%.0f reads, through PgBouncer", w.r.reads)
+		}
+		fmt.Printf("  %s, %.0f s: CPU %.3f cores (%.2f ms/s per fleet); API requests/s %s (%.3f per fleet-minute); "+
+			"status writes %.2f and events %.2f per fleet-minute; staleness p50 %s, p99 %s, max %s; %s\n",
+			w.name, w.r.seconds, w.r.cpu, 1000*w.r.cpu/float64(r.fleets), verbs(w.r.requests), perFleetMinute(w.r.requests, r.fleets),
+			w.r.statusWrites, w.r.events, quantile(w.r.stale, 0.5), quantile(w.r.stale, 0.99), quantile(w.r.stale, 1), probe)
+	}
 }
 
 func verbs(requests map[string]float64) string {
@@ -102,7 +120,7 @@ func (b *bench) handover(ctx context.Context, w *watcher, fleets int) {
 	}()
 	leaderOf := func() *operator {
 		for _, op := range replicas {
-			if op.alive() && scrape(op)["leader"] == 1 {
+			if op.alive() && scrape(op).leader {
 				return op
 			}
 		}

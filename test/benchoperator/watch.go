@@ -24,8 +24,11 @@ type watcher struct {
 	// statusWrites counts the fleets' updates that left the generation
 	// as it was; events, the events written.
 	statusWrites, events int
-	// probed is each fleet's status.lastProbeTime.
+	// probed is each fleet's status.lastProbeTime: set once its outbox was
+	// read, and moved by the reads that changed its status.
 	probed map[types.NamespacedName]time.Time
+	// ready is when each fleet was first seen with a ready drainer.
+	ready map[types.NamespacedName]time.Time
 	// observed is each fleet's status.observedGeneration.
 	observed map[types.NamespacedName]int64
 	// generation is each fleet's metadata.generation, as last seen.
@@ -43,7 +46,7 @@ type watcher struct {
 
 func (b *bench) watch(ctx context.Context) *watcher {
 	ctx, cancel := context.WithCancel(ctx)
-	w := &watcher{probed: map[types.NamespacedName]time.Time{}, observed: map[types.NamespacedName]int64{},
+	w := &watcher{probed: map[types.NamespacedName]time.Time{}, ready: map[types.NamespacedName]time.Time{}, observed: map[types.NamespacedName]int64{},
 		generation: map[types.NamespacedName]int64{}, deployed: map[types.NamespacedName]time.Time{},
 		args: map[types.NamespacedName][]string{}, deploymentGen: map[types.NamespacedName]int64{}, cancel: cancel}
 	follow := func(list client.ObjectList, seen func(watch.Event)) {
@@ -93,6 +96,9 @@ func (w *watcher) fleetSeen(e watch.Event) {
 		}
 		w.probed[key] = t.Time
 	}
+	if _, ok := w.ready[key]; !ok && od.Status.ReadyReplicas > 0 {
+		w.ready[key] = time.Now()
+	}
 	if od.Status.ObservedGeneration < w.observed[key] {
 		w.backwards++
 	}
@@ -124,22 +130,6 @@ func (w *watcher) counts() (statusWrites, events int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.statusWrites, w.events
-}
-
-// staleness is, for every fleet whose status was read, now − its
-// lastProbeTime, and the number of fleets not read yet.
-func (w *watcher) staleness(now time.Time, fleets []types.NamespacedName) (ages []time.Duration, unread int) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	for _, key := range fleets {
-		t, ok := w.probed[key]
-		if !ok {
-			unread++
-			continue
-		}
-		ages = append(ages, now.Sub(t))
-	}
-	return ages, unread
 }
 
 // waitFor polls cond, under the watcher's lock, every few milliseconds until

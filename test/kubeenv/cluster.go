@@ -63,6 +63,9 @@ type ClusterOptions struct {
 	// Forward are more loopback addresses of the host that the pods reach,
 	// beside the test Postgres and RabbitMQ.
 	Forward []string
+	// CRDs installs Spillway's CRDs with the API server, for a run that
+	// does not install the chart.
+	CRDs bool
 }
 
 // ClusterAssets is the directory of the cluster's binaries, which
@@ -110,6 +113,10 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 
 	start := time.Now()
 	c.env = &envtest.Environment{}
+	if opts.CRDs {
+		c.env.CRDDirectoryPaths = []string{filepath.Join(testenv.RepoRoot(), "config", "crd", "bases")}
+		c.env.ErrorIfCRDPathMissing = true
+	}
 	api := c.env.ControlPlane.GetAPIServer()
 	// envtest turns off the ServiceAccount admission plugin, which needs the
 	// controller-manager's default ServiceAccounts; this cluster runs it,
