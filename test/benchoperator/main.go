@@ -5,7 +5,8 @@
 // table of its own, runs `spillway manager` as a process of its own, and
 // prints, for each size in -fleets, one run:
 //   - the operator's RSS and CPU, in all and per fleet;
-//   - its API requests per second, by verb (its client's own metric);
+//   - its API requests per second, by verb (its client's own metric), and
+//     by verb and resource (the API server's, while it is the one client);
 //   - status writes and events per fleet-minute, idle and under a trickle
 //     of events into a tenth of the outboxes;
 //   - the probe's Postgres sessions per database, and its Postgres CPU per
@@ -34,6 +35,8 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
@@ -98,7 +101,11 @@ func main() {
 	}
 	atExit(admin.Close)
 
-	b := &bench{k8s: k8s, admin: admin, kubeconfig: kubeconfig, dir: dir}
+	clientset, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		fatal(err)
+	}
+	b := &bench{k8s: k8s, api: clientset.Discovery().RESTClient(), admin: admin, kubeconfig: kubeconfig, dir: dir}
 	b.prepareDatabases(ctx)
 	atExit(func() { b.dropDatabases(ctx) })
 	b.prepareNamespaces(ctx)
@@ -151,7 +158,9 @@ func fatalf(format string, v ...any) { fatal(fmt.Sprintf(format, v...)) }
 
 // bench holds what every measurement shares.
 type bench struct {
-	k8s        client.WithWatch
+	k8s client.WithWatch
+	// api reads the API server's own metrics.
+	api        rest.Interface
 	admin      *pgxpool.Pool
 	kubeconfig string
 	dir        string

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"log"
@@ -31,7 +32,7 @@ type sizeResult struct {
 	idle, trickle windowResult
 	rssMiB        float64
 	// withPods is set where the drainers ran: toReady is from creating the
-	// last fleet to every drainer Ready; rows are the rows of their outboxes,
+	// last fleet to every drainer Ready; rows are the rows written pending,
 	// queued the messages that reached the queue, pending the rows left.
 	withPods              bool
 	toReady               time.Duration
@@ -45,6 +46,10 @@ type windowResult struct {
 	cpu float64
 	// requests is the operator's API requests per second, by verb.
 	requests map[string]float64
+	// served is the API server's requests per second by verb and resource,
+	// where the operator is its one client beside the bench's watch
+	// streams; nil where the cluster's own components run.
+	served map[string]float64
 	// statusWrites and events per fleet-minute.
 	statusWrites, events float64
 	// stale is every sample of now − the fleet's last read, over all fleets.
@@ -125,7 +130,7 @@ func (b *bench) measure(ctx context.Context, op *operator, w *watcher, n int) si
 // into a tenth of the outboxes when trickling.
 func (b *bench) window(ctx context.Context, op *operator, w *watcher, keys []types.NamespacedName, trickling bool) windowResult {
 	r := windowResult{}
-	cpu0, metrics0 := processCPU(op.pid()), scrape(op)
+	cpu0, metrics0, served0 := processCPU(op.pid()), scrape(op), b.served(ctx)
 	writes0, events0 := w.counts()
 	backends0 := b.probeBackends(ctx)
 	trickled := make(chan int, 1)
@@ -162,12 +167,23 @@ sampling:
 		r.requests[verb] = (v - metrics0.requests[verb]) / r.seconds
 	}
 	r.reads = metrics1.reads - metrics0.reads
+	if served1 := b.served(ctx); served1 != nil {
+		r.served = map[string]float64{}
+		for request, v := range served1 {
+			if v > served0[request] {
+				r.served[request] = (v - served0[request]) / r.seconds
+			}
+		}
+	}
 	writes1, events1 := w.counts()
 	r.statusWrites, r.events = float64(writes1-writes0)/minutes, float64(events1-events0)/minutes
 	if r.reads > 0 {
 		r.pgCPUPerRead = time.Duration(float64(time.Second) * backendCPU(backends0, b.probeBackends(ctx)) / r.reads)
 	}
 	slices.Sort(r.stale)
+	if trickling && b.drainers == nil {
+		b.publishTrickle(ctx, len(keys))
+	}
 	return r
 }
 
@@ -212,6 +228,35 @@ func scrape(op *operator) scraped {
 	for _, m := range families["spillway_outbox_last_read_timestamp_seconds"].GetMetric() {
 		key := types.NamespacedName{Namespace: label(m, "namespace"), Name: label(m, "name")}
 		out.lastRead[key] = time.Unix(0, int64(m.GetGauge().GetValue()*1e9))
+	}
+	return out
+}
+
+// served is the API server's apiserver_request_total by verb and resource
+// ("PUT outboxdrainers/status"), while only the operator uses it: nil where
+// the cluster's own components run.
+func (b *bench) served(ctx context.Context) map[string]float64 {
+	if b.drainers != nil {
+		return nil
+	}
+	raw, err := b.api.Get().AbsPath("/metrics").DoRaw(ctx)
+	if err != nil {
+		log.Printf("the API server's metrics: %v", err)
+		return nil
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(bytes.NewReader(raw))
+	if err != nil {
+		log.Printf("the API server's metrics: %v", err)
+		return nil
+	}
+	out := map[string]float64{}
+	for _, m := range families["apiserver_request_total"].GetMetric() {
+		resource := label(m, "resource")
+		if sub := label(m, "subresource"); sub != "" {
+			resource += "/" + sub
+		}
+		out[label(m, "verb")+" "+resource] += m.GetCounter().GetValue()
 	}
 	return out
 }

@@ -157,8 +157,7 @@ func (b *bench) drained(ctx context.Context, n int) (rows, queued, pending int) 
 		for i := range n {
 			db, _, _ := fleetKey(i)
 			var all, left int
-			// Every row but the seed, which was written published.
-			if err := b.pools[db].QueryRow(ctx, "SELECT count(*) FILTER (WHERE event_type <> 'bench.seed'), count(*) FILTER (WHERE published_at IS NULL) FROM public."+fleetName(i)).
+			if err := b.pools[db].QueryRow(ctx, "SELECT count(*) FILTER (WHERE event_type <> '"+unsent+"'), count(*) FILTER (WHERE published_at IS NULL) FROM public."+fleetName(i)).
 				Scan(&all, &left); err != nil {
 				fatal(err)
 			}

@@ -68,6 +68,9 @@ func describe(r sizeResult) {
 			"status writes %.2f and events %.2f per fleet-minute; staleness p50 %s, p99 %s, max %s; %s\n",
 			w.name, w.r.seconds, w.r.cpu, 1000*w.r.cpu/float64(r.fleets), verbs(w.r.requests), perFleetMinute(w.r.requests, r.fleets),
 			w.r.statusWrites, w.r.events, quantile(w.r.stale, 0.5), quantile(w.r.stale, 0.99), quantile(w.r.stale, 1), probe)
+		if w.r.served != nil {
+			fmt.Printf("    the API server served, per second: %s\n", verbs(w.r.served))
+		}
 	}
 }
 
