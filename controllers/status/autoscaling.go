@@ -48,10 +48,13 @@ func Autoscale(spec v1alpha1.Autoscaling, prev *v1alpha1.AutoscalingStatus, runn
 		next = prev.DeepCopy()
 	}
 	before := next.DesiredReplicas
+	lowest, highest := ptr.Deref(spec.MinReplicas, 1), spec.MaxReplicas
 	if read != nil && !taken(next.Recommendations, read.Time) {
 		want, why := recommend(spec, running, *read)
-		next.Recommendations = push(next.Recommendations, v1alpha1.Recommendation{Replicas: want, Time: metav1.NewTime(read.Time.Truncate(time.Second))},
-			spec.ScaleDownStabilization.Duration)
+		if !atFloor(next.Recommendations, want, lowest) {
+			next.Recommendations = push(next.Recommendations, v1alpha1.Recommendation{Replicas: want, Time: metav1.NewTime(read.Time.Truncate(time.Second))},
+				spec.ScaleDownStabilization.Duration)
+		}
 		hold := next.Recommendations[0]
 		next.DesiredReplicas, next.Reason = hold.Replicas, why
 		if hold.Replicas > want {
@@ -61,7 +64,6 @@ func Autoscale(spec v1alpha1.Autoscaling, prev *v1alpha1.AutoscalingStatus, runn
 		}
 	}
 	// The bounds may have changed since the window's recommendations.
-	lowest, highest := ptr.Deref(spec.MinReplicas, 1), spec.MaxReplicas
 	switch {
 	case next.DesiredReplicas > highest:
 		next.DesiredReplicas = highest
@@ -79,6 +81,14 @@ func Autoscale(spec v1alpha1.Autoscaling, prev *v1alpha1.AutoscalingStatus, runn
 // taken says whether the read made at t is the window's last.
 func taken(window []v1alpha1.Recommendation, t time.Time) bool {
 	return len(window) > 0 && window[len(window)-1].Time.Equal(ptr.To(metav1.NewTime(t.Truncate(time.Second))))
+}
+
+// atFloor says a recommendation of want would only re-date the window's one
+// recommendation, of the same count, at the lowest the bounds allow. Nothing
+// lower can follow it, so its time decides nothing, and leaving it spares an
+// idle fleet a status write at every read.
+func atFloor(window []v1alpha1.Recommendation, want, lowest int32) bool {
+	return len(window) == 1 && window[0].Replicas == want && want <= lowest
 }
 
 // push adds a recommendation to the window and drops the ones that can no

@@ -100,6 +100,23 @@ var _ = Describe("Autoscale", func() {
 		Expect(st.DesiredReplicas).To(Equal(int32(1)))
 	})
 
+	It("leaves an idle fleet's status as it was at the lowest count, and still scales it up on the next backlog", func() {
+		_, st := run(spec(0, 4), 0, 0, 0)
+		idle := st.DeepCopy()
+		for i := 2; i < 30; i++ {
+			at := t0.Add(time.Duration(i) * 15 * time.Second)
+			st = Autoscale(spec(0, 4), st, 0, backlog(0, at), at)
+		}
+		Expect(st).To(Equal(idle), "reads that recommend the lowest count again change nothing")
+		at := t0.Add(30 * 15 * time.Second)
+		st = Autoscale(spec(0, 4), st, 0, backlog(30_000, at), at)
+		Expect(st.DesiredReplicas).To(Equal(int32(2)))
+		Expect(st.Recommendations).To(Equal([]v1alpha1.Recommendation{{Replicas: 2, Time: metav1.NewTime(at)}}))
+
+		_, st = run(spec(2, 4), 2, 10, 10)
+		Expect(Autoscale(spec(2, 4), st, 2, backlog(10, t0.Add(time.Hour)), t0.Add(time.Hour))).To(Equal(st), "at minReplicas 2 too")
+	})
+
 	It("with no stabilization window, follows every recommendation at once", func() {
 		s := spec(0, 4)
 		s.ScaleDownStabilization = metav1.Duration{}
