@@ -69,7 +69,7 @@ func describe(r sizeResult) {
 			w.name, w.r.seconds, w.r.cpu, 1000*w.r.cpu/float64(r.fleets), verbs(w.r.requests), perFleetMinute(w.r.requests, r.fleets),
 			w.r.statusWrites, w.r.events, quantile(w.r.stale, 0.5), quantile(w.r.stale, 0.99), quantile(w.r.stale, 1), probe)
 		if w.r.served != nil {
-			fmt.Printf("    the API server served, per second: %s\n", verbs(w.r.served))
+			fmt.Printf("    the API server served, per second, to every client, itself included: %s\n", verbs(w.r.served))
 		}
 	}
 }
