@@ -45,7 +45,7 @@ var (
 	// reconciler is the one the manager runs.
 	reconciler *controllers.OutboxDrainerReconciler
 	// replays is the manager's OutboxReplay reconciler.
-	replays    *controllers.OutboxReplayReconciler
+	replays *controllers.OutboxReplayReconciler
 	// outboxMetrics are the Prober's, where the latest read's time shows.
 	outboxMetrics *probe.Metrics
 	db            *pgxpool.Pool
