@@ -114,7 +114,7 @@ func StartCluster(ctx context.Context, opts ClusterOptions) (c *Cluster, err err
 	start := time.Now()
 	c.env = &envtest.Environment{}
 	if opts.CRDs {
-		c.env.CRDDirectoryPaths = []string{filepath.Join(testenv.RepoRoot(), "config", "crd", "bases")}
+		c.env.CRDDirectoryPaths = []string{crdDir()}
 		c.env.ErrorIfCRDPathMissing = true
 	}
 	api := c.env.ControlPlane.GetAPIServer()

@@ -17,8 +17,11 @@ import (
 // StartControlPlane starts envtest's kube-apiserver and etcd, which
 // hack/control-plane.sh builds, with Spillway's CRDs installed.
 func StartControlPlane() (*envtest.Environment, *rest.Config, error) {
-	return startControlPlane(filepath.Join(testenv.RepoRoot(), "config", "crd", "bases"))
+	return startControlPlane(crdDir())
 }
+
+// crdDir holds Spillway's CRDs as make manifests writes them.
+func crdDir() string { return filepath.Join(testenv.RepoRoot(), "config", "crd", "bases") }
 
 // StartEmptyControlPlane starts the control plane without Spillway's CRDs,
 // for a suite that installs them the way a user does.
