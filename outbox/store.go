@@ -128,7 +128,11 @@ func (s *Store) Claim(ctx context.Context, p ClaimParams) (Claimed, error) {
 
 func (s *Store) claim(ctx context.Context, p ClaimParams) (Claimed, error) {
 	stmt := s.table.Claim(p)
-	rows, err := s.query(ctx, stmt)
+	var before []Statement
+	if s.table.claims != "" {
+		before = append(before, s.table.claimLock())
+	}
+	rows, err := s.queryAfter(ctx, stmt, before...)
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim batch: %w", err)
 	}
@@ -170,12 +174,30 @@ func collectClaim(rows pgx.Rows) (Claimed, error) {
 // query runs stmt on its own, or, through a transaction pooler, after the
 // session settings in the same transaction and round trip.
 func (s *Store) query(ctx context.Context, stmt Statement) (pgx.Rows, error) {
-	if s.settings == nil {
+	return s.queryAfter(ctx, stmt)
+}
+
+// queryAfter runs stmt after the statements before, and through a
+// transaction pooler after the session settings, in one transaction and
+// round trip.
+func (s *Store) queryAfter(ctx context.Context, stmt Statement, before ...Statement) (pgx.Rows, error) {
+	if s.settings != nil {
+		before = append([]Statement{*s.settings}, before...)
+	}
+	if len(before) == 0 {
 		return s.pool.Query(ctx, stmt.SQL, stmt.Args...)
 	}
-	results, err := s.afterSettings(ctx, stmt)
-	if err != nil {
-		return nil, err
+	batch := &pgx.Batch{}
+	for _, b := range before {
+		batch.Queue(b.SQL, b.Args...)
+	}
+	batch.Queue(stmt.SQL, stmt.Args...)
+	results := s.pool.SendBatch(ctx, batch)
+	for range before {
+		if _, err := results.Exec(); err != nil {
+			_ = results.Close()
+			return nil, err
+		}
 	}
 	rows, err := results.Query()
 	if err != nil {
@@ -324,6 +346,11 @@ func (s *Store) settle(ctx context.Context, drainerID string, st Settlement, f F
 	}
 	if len(stmts) == 0 {
 		return done, nil
+	}
+	if s.table.claims != "" {
+		// Last: the settles above are fenced on the claims' rows.
+		all := slices.Concat(st.Published, st.Failed, st.Released)
+		stmts, counts = append(stmts, s.table.endClaims(drainerID, all)), append(counts, nil)
 	}
 	if s.settings != nil {
 		stmts, counts = append([]Statement{*s.settings}, stmts...), append([]*int64{nil}, counts...)

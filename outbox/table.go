@@ -205,6 +205,9 @@ type Table struct {
 	// settleByID says an index leads with the id, so settles find their rows
 	// through it (see heldUnder).
 	settleByID bool
+	// claims is the quoted name of the claims table that holds the leases,
+	// or "" where they are in the rows (see claims_table.go).
+	claims string
 }
 
 // idTypes are the id column types the drainer can round-trip through text.

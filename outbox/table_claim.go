@@ -112,6 +112,9 @@ func (t *Table) Claim(p ClaimParams) Statement {
 	if t.order != nil {
 		return t.claimInOrder(p)
 	}
+	if t.claims != "" {
+		return t.claimOutsideRow(p)
+	}
 	args, terms := t.claimTerms(p)
 	terms = append(terms, t.notLeased("$4"), strings.Join(t.stampLease(p.LeaseInDueTime), ", "), t.traceContext("o"))
 	sql := fmt.Sprintf(`WITH RECURSIVE live AS MATERIALIZED (

@@ -100,8 +100,11 @@ func (t *Table) heldUnder(drainerID string, leases []Lease, perRow []rowValues, 
 		arrays, columns = arrays+fmt.Sprintf(", $%d::%s[]", len(all), r.sqlType), columns+", "+r.name
 	}
 	from = fmt.Sprintf("unnest(%s) AS s(%s)", arrays, columns)
-	where = fmt.Sprintf("%s\n\tAND o.%s = $4 AND o.%s = s.token AND (o.%s IS NULL) IS TRUE",
-		located, q(c.ClaimedBy), q(c.ClaimedAt), q(c.PublishedAt))
+	fence := fmt.Sprintf("o.%s = $4 AND o.%s = s.token", q(c.ClaimedBy), q(c.ClaimedAt))
+	if t.claims != "" {
+		fence = t.heldInClaims()
+	}
+	where = fmt.Sprintf("%s\n\tAND %s AND (o.%s IS NULL) IS TRUE", located, fence, q(c.PublishedAt))
 	return from, where, all
 }
 
@@ -205,6 +208,9 @@ func (t *Table) ReleaseHeld(drainerID string, lease time.Duration, keep []time.T
 	c := t.cols
 	if keep == nil {
 		keep = []time.Time{} // NULL would make <> ALL unknown, and release nothing
+	}
+	if t.claims != "" {
+		return t.releaseHeldClaims(drainerID, keep)
 	}
 	return Statement{
 		SQL: fmt.Sprintf(`UPDATE %[1]s SET %[5]s

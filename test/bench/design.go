@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/spillway-io/spillway/drainer"
+	"github.com/spillway-io/spillway/outbox"
 )
 
 // The design section: what relaying an event costs the application's
@@ -24,6 +25,7 @@ var designDrainers = flag.Int("design-drainers", 1, "drainers of the design sect
 type design struct {
 	what  string
 	tweak func(*drainer.Config)
+	store storeOption
 }
 
 // designs are the ways of draining the section compares: the earlier design
@@ -31,9 +33,10 @@ type design struct {
 // index entry), today's at the defaults, and today's with published rows
 // deleted on confirm.
 var designs = []design{
-	{"before: lease in the due time, marks published", func(c *drainer.Config) { c.LeaseInDueTime = true }},
-	{"today: heap-only claim, marks published (default)", nil},
-	{"today: heap-only claim, deletes (retention 0s)", deletePublished},
+	{"before: lease in the due time, marks published", func(c *drainer.Config) { c.LeaseInDueTime = true }, nil},
+	{"today: heap-only claim, marks published (default)", nil, nil},
+	{"today: heap-only claim, deletes (retention 0s)", deletePublished, nil},
+	{"lease in a claims table, deletes", deletePublished, func(ctx context.Context, s *outbox.Store) error { return s.KeepLeasesInClaimsTable(ctx) }},
 }
 
 // designCost is what one stretch (the insert, or a drain) cost the
@@ -148,7 +151,12 @@ func (b *bench) designRun(ctx context.Context, d design) (insert, drain designCo
 
 	b.exec(ctx, "ANALYZE "+spec.Name)
 	drainStart := b.lsn(ctx)
-	r := b.drain(ctx, spec, *designDrainers, d.tweak)
+	var opts []storeOption
+	if d.store != nil {
+		opts = append(opts, d.store)
+		defer b.exec(ctx, "DROP TABLE IF EXISTS "+spec.Name+"_claims")
+	}
+	r := b.drain(ctx, spec, *designDrainers, d.tweak, opts...)
 	drain = b.walCost(ctx, drainStart, b.lsn(ctx))
 	drain.sessions, drain.rest = perEventµs(r.sessions.drainers), perEventµs(r.cpu.seconds[groupDatabase]-r.sessions.drainers)
 	drain.dead, drain.rate = b.deadTuples(ctx, spec.Name), r.rate

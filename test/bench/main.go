@@ -267,13 +267,16 @@ func (b *bench) insertEvents(ctx context.Context, table string, n int) {
 		SELECT 'bench.event', jsonb_build_object('n', g, 'pad', $2::text) FROM generate_series(1, $1) g`, n, strings.Repeat("x", max(*payloadBytes-25, 0)))
 }
 
+// storeOption changes a drainer's store once it is open.
+type storeOption func(context.Context, *outbox.Store) error
+
 // drain runs n drainer processes' worth of drainers, each with its own pool,
 // until every row is published.
-func (b *bench) drain(ctx context.Context, spec outbox.TableSpec, n int, tweak func(*drainer.Config)) run {
+func (b *bench) drain(ctx context.Context, spec outbox.TableSpec, n int, tweak func(*drainer.Config), opts ...storeOption) run {
 	quiesce("drain")
 	log.Printf("draining with %d drainer(s)", n)
 	defer log.Printf("drained")
-	fleet := b.newFleet(ctx, spec, n, tweak)
+	fleet := b.newFleet(ctx, spec, n, tweak, opts...)
 	watch := startWatch(b.pool)
 	stop := fleet.run(ctx)
 	for int(fleet.published()) < *events {
@@ -311,7 +314,7 @@ type fleet struct {
 	closers  []func()
 }
 
-func (b *bench) newFleet(ctx context.Context, spec outbox.TableSpec, n int, tweak func(*drainer.Config)) *fleet {
+func (b *bench) newFleet(ctx context.Context, spec outbox.TableSpec, n int, tweak func(*drainer.Config), opts ...storeOption) *fleet {
 	f := &fleet{}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for i := range n {
@@ -330,6 +333,11 @@ func (b *bench) newFleet(ctx context.Context, spec outbox.TableSpec, n int, twea
 		store, err := outbox.OpenStore(ctx, pool, spec)
 		if err != nil {
 			log.Fatal(err)
+		}
+		for _, opt := range opts {
+			if err := opt(ctx, store); err != nil {
+				log.Fatal(err)
+			}
 		}
 		m := drainer.NewMetrics(prometheus.NewRegistry())
 		d, err := drainer.New(cfg, store, m, quiet)
