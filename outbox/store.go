@@ -132,7 +132,7 @@ func (s *Store) claim(ctx context.Context, p ClaimParams) (Claimed, error) {
 	if s.table.claims != "" {
 		before = append(before, s.table.claimLock())
 	}
-	rows, err := s.queryAfter(ctx, stmt, before...)
+	rows, err := s.query(ctx, stmt, before...)
 	if err != nil {
 		return Claimed{}, fmt.Errorf("claim batch: %w", err)
 	}
@@ -171,33 +171,15 @@ func collectClaim(rows pgx.Rows) (Claimed, error) {
 	return c, rows.Err()
 }
 
-// query runs stmt on its own, or, through a transaction pooler, after the
-// session settings in the same transaction and round trip.
-func (s *Store) query(ctx context.Context, stmt Statement) (pgx.Rows, error) {
-	return s.queryAfter(ctx, stmt)
-}
-
-// queryAfter runs stmt after the statements before, and through a
-// transaction pooler after the session settings, in one transaction and
-// round trip.
-func (s *Store) queryAfter(ctx context.Context, stmt Statement, before ...Statement) (pgx.Rows, error) {
-	if s.settings != nil {
-		before = append([]Statement{*s.settings}, before...)
+// query runs stmt after the statements before, and through a transaction
+// pooler after the session settings, in one transaction and round trip.
+func (s *Store) query(ctx context.Context, stmt Statement, before ...Statement) (pgx.Rows, error) {
+	results, err := s.sendAfter(ctx, stmt, before)
+	if err != nil {
+		return nil, err
 	}
-	if len(before) == 0 {
+	if results == nil {
 		return s.pool.Query(ctx, stmt.SQL, stmt.Args...)
-	}
-	batch := &pgx.Batch{}
-	for _, b := range before {
-		batch.Queue(b.SQL, b.Args...)
-	}
-	batch.Queue(stmt.SQL, stmt.Args...)
-	results := s.pool.SendBatch(ctx, batch)
-	for range before {
-		if _, err := results.Exec(); err != nil {
-			_ = results.Close()
-			return nil, err
-		}
 	}
 	rows, err := results.Query()
 	if err != nil {
@@ -209,12 +191,12 @@ func (s *Store) queryAfter(ctx context.Context, stmt Statement, before ...Statem
 
 // exec runs stmt as query does, for its row count.
 func (s *Store) exec(ctx context.Context, stmt Statement) (pgconn.CommandTag, error) {
-	if s.settings == nil {
-		return s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
-	}
-	results, err := s.afterSettings(ctx, stmt)
+	results, err := s.sendAfter(ctx, stmt, nil)
 	if err != nil {
 		return pgconn.CommandTag{}, err
+	}
+	if results == nil {
+		return s.pool.Exec(ctx, stmt.SQL, stmt.Args...)
 	}
 	tag, err := results.Exec()
 	if cerr := results.Close(); err == nil {
@@ -223,16 +205,26 @@ func (s *Store) exec(ctx context.Context, stmt Statement) (pgconn.CommandTag, er
 	return tag, err
 }
 
-// afterSettings sends the session settings and stmt as one batch, and
-// returns its results with the settings' read.
-func (s *Store) afterSettings(ctx context.Context, stmt Statement) (pgx.BatchResults, error) {
+// sendAfter sends the session settings (through a transaction pooler), the
+// statements before and stmt as one batch, and returns its results with all
+// but stmt's read; none when stmt goes alone.
+func (s *Store) sendAfter(ctx context.Context, stmt Statement, before []Statement) (pgx.BatchResults, error) {
+	if s.settings != nil {
+		before = append([]Statement{*s.settings}, before...)
+	}
+	if len(before) == 0 {
+		return nil, nil
+	}
 	batch := &pgx.Batch{}
-	batch.Queue(s.settings.SQL, s.settings.Args...)
-	batch.Queue(stmt.SQL, stmt.Args...)
+	for _, b := range append(before, stmt) {
+		batch.Queue(b.SQL, b.Args...)
+	}
 	results := s.pool.SendBatch(ctx, batch)
-	if _, err := results.Exec(); err != nil {
-		_ = results.Close()
-		return nil, err
+	for range before {
+		if _, err := results.Exec(); err != nil {
+			_ = results.Close()
+			return nil, err
+		}
 	}
 	return results, nil
 }
