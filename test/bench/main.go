@@ -43,8 +43,8 @@ var (
 	tunedDepth    = flag.Int("tuned-pipeline-depth", 256, "pipeline depth of the tuned run (its lease is raised to the lease rule's)")
 	ceilingWindow = flag.Int("ceiling-window", 256, "confirms in flight of the raw publisher")
 	sectionList   = flag.String("sections", "throughput,neighbour,latency,claims,ordering,spent,design,vacuum,webhook,tracing", "which measurements to run, comma-separated")
-	cpuProfile    = flag.String("cpuprofile", "", "write a CPU profile of the first 1-process drainer run to this file")
-	memProfile    = flag.String("memprofile", "", "write an allocation profile of the first 1-process drainer run to this file")
+	cpuProfile    = flag.String("cpuprofile", "", "write a CPU profile to this file of the first 1-drainer run: the throughput section's, or the webhook section's a row per request")
+	memProfile    = flag.String("memprofile", "", "write an allocation profile of the same run to this file")
 )
 
 // benchLock is the advisory lock a benchmark run holds.
@@ -149,9 +149,17 @@ func target(what, figure string, ok bool) string {
 	return fmt.Sprintf("target %-40s %-10s %s", what+":", figure, verdict)
 }
 
+// profiled says profileStart has run: only the first drain it precedes is
+// profiled.
+var profiled bool
+
 // profileStart starts the CPU profiler when -cpuprofile is set, and
-// allocation sampling when -memprofile is.
+// allocation sampling when -memprofile is, for the first drain it precedes.
 func profileStart() {
+	if profiled {
+		return
+	}
+	profiled = true
 	if *memProfile != "" {
 		runtime.MemProfileRate = 64 << 10
 	}

@@ -88,7 +88,11 @@ func (b *bench) webhooks(ctx context.Context) []string {
 	for round := range *rounds {
 		log.Printf("webhook, round %d of %d: a plain client, the drainer, each one row per request and in batches of %d", round+1, *rounds, *webhookBatchRows)
 		plain.add(b.postPlain(ctx, recv, 1))
+		if round == 0 {
+			profileStart()
+		}
 		one.add(drain(0))
+		profileStop()
 		plainBatched.add(b.postPlain(ctx, recv, *webhookBatchRows))
 		batched.add(drain(*webhookBatchRows))
 	}
