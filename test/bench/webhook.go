@@ -5,6 +5,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log"
 	"net"
 	"net/http"
@@ -43,12 +44,10 @@ func startHookReceiver() *hookReceiver {
 	}
 	r := &hookReceiver{url: "http://" + l.Addr().String() + "/hook"}
 	r.srv = &http.Server{ReadHeaderTimeout: 5 * time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
-		var sink [32 << 10]byte
-		for {
-			if _, err := req.Body.Read(sink[:]); err != nil {
-				break
-			}
-		}
+		// io.Discard reads through pooled buffers: a buffer of the
+		// handler's own, 32 kB a request, was three quarters of what the
+		// process allocated, and its collections marked the drainer's heap.
+		_, _ = io.Copy(io.Discard, req.Body)
 		n := int64(1)
 		if batch := req.Header.Get("Webhook-Batch-Size"); batch != "" {
 			n, _ = strconv.ParseInt(batch, 10, 64)
