@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	. "github.com/onsi/ginkgo/v2"
@@ -35,14 +36,17 @@ var _ = Describe("The webhook sink, against a receiver on a real port", func() {
 		DeferCleanup(receiver.Stop)
 	})
 
-	dial := func(ctx context.Context, secrets ...string) (sink.Sink, error) {
+	dialFor := func(ctx context.Context, timeout time.Duration, secrets ...string) (sink.Sink, error) {
 		file, err := testenv.WriteSecrets(GinkgoT().TempDir(), secrets...)
 		Expect(err).NotTo(HaveOccurred())
 		c := DefaultConfig()
-		c.URL, c.AllowHTTP, c.SigningSecretFile, c.Timeout = receiver.URL(), true, file, 500*time.Millisecond
+		c.URL, c.AllowHTTP, c.SigningSecretFile, c.Timeout = receiver.URL(), true, file, timeout
 		d := NewDialer(c, 8, 1<<20, "jsonb", slog.New(slog.NewTextHandler(io.Discard, nil)))
 		Expect(d.Where()).To(Equal("webhook http://" + receiver.URL()[len("http://spillway:receiver-password@"):len(receiver.URL())-len("?token=receiver-token")]))
 		return d.Dial(ctx, func() {})
+	}
+	dial := func(ctx context.Context, secrets ...string) (sink.Sink, error) {
+		return dialFor(ctx, 500*time.Millisecond, secrets...)
 	}
 	post := func(s sink.Sink, id string) sink.Outcome {
 		m, fault := s.Prepare(outbox.Row{ID: id, Payload: []byte(`{"n":1}`), Headers: []byte(`{"tenant":"acme"}`)}, sink.Trace{})
@@ -129,6 +133,73 @@ var _ = Describe("The webhook sink, against a receiver on a real port", func() {
 		Expect(o.Kind).To(Equal(sink.Lost))
 		Expect(o.Detail).To(ContainSubstring("deadline exceeded"))
 		Expect(s.Healthy()).To(BeTrue(), "one slow request says nothing of the endpoint")
+	})
+
+	It("sends at most a pipeline's depth of requests at once, and gives a request still waiting for a sender back as lost when it closes", func(ctx SpecContext) {
+		release := make(chan struct{})
+		var inFlight, most atomic.Int32
+		receiver.Answer = func(w http.ResponseWriter, r *http.Request, id string, n int) bool {
+			now := inFlight.Add(1)
+			defer inFlight.Add(-1)
+			for m := most.Load(); now > m && !most.CompareAndSwap(m, now); m = most.Load() {
+			}
+			<-release
+			w.WriteHeader(http.StatusNoContent)
+			return true
+		}
+		s, err := dialFor(ctx, time.Minute, receiver.Secret)
+		Expect(err).NotTo(HaveOccurred())
+		DeferCleanup(s.Close)
+		publish := func(n int) []sink.Delivery {
+			deliveries := make([]sink.Delivery, n)
+			for i := range deliveries {
+				m, fault := s.Prepare(outbox.Row{ID: fmt.Sprintf("row-%d", i), Payload: []byte(`{"n":1}`)}, sink.Trace{})
+				Expect(fault).To(BeNil())
+				deliveries[i], err = s.Publish(ctx, m)
+				Expect(err).NotTo(HaveOccurred())
+			}
+			return deliveries
+		}
+		// The dialer's depth is 8: the ninth request waits for a sender,
+		// and with it the publishing goroutine.
+		published := make(chan []sink.Delivery, 1)
+		go func() {
+			defer GinkgoRecover()
+			published <- publish(12)
+		}()
+		Eventually(inFlight.Load).Should(Equal(int32(8)))
+		Consistently(published, 200*time.Millisecond).ShouldNot(Receive(), "the publisher waits for a sender")
+		close(release)
+		var deliveries []sink.Delivery
+		Eventually(published, 5*time.Second).Should(Receive(&deliveries))
+		for _, d := range deliveries {
+			Eventually(d.Done(), 5*time.Second).Should(BeClosed())
+			Expect(d.Outcome().Kind).To(Equal(sink.Confirmed))
+		}
+		Expect(most.Load()).To(Equal(int32(8)), "never more than the depth at once")
+
+		// Closed while a request waits for a sender: it is lost, never sent.
+		hold := make(chan struct{})
+		var arrived atomic.Int32
+		receiver.Answer = func(w http.ResponseWriter, r *http.Request, id string, n int) bool {
+			arrived.Add(1)
+			<-hold
+			return false
+		}
+		DeferCleanup(func() { close(hold) })
+		go func() {
+			defer GinkgoRecover()
+			published <- publish(9)
+		}()
+		Eventually(arrived.Load).Should(Equal(int32(8)))
+		s.Close()
+		Eventually(published, 5*time.Second).Should(Receive(&deliveries))
+		for _, d := range deliveries {
+			Eventually(d.Done(), 5*time.Second).Should(BeClosed())
+			Expect(d.Outcome().Kind).To(Equal(sink.Lost))
+		}
+		Expect(deliveries[8].Outcome().Detail).To(Equal("the webhook connection was closed"))
+		Consistently(arrived.Load, 200*time.Millisecond).Should(Equal(int32(8)), "the ninth was never sent")
 	})
 
 	It("reads a signing secret file that holds no valid secret as an error that shows none", func(ctx SpecContext) {
