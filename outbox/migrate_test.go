@@ -28,6 +28,8 @@ var _ = Describe("Migrate", Label(tier.DB), func() {
 		Expect(before).To(ContainElement(ContainSubstring("(published_at) WHERE (published_at IS NOT NULL)")))
 		Expect(db.Count(ctx, "pg_class", "oid = to_regclass($1) AND reloptions @> '{fillfactor=50}'", spec.Name)).To(Equal(1),
 			"room on each page for claims to be HOT updates")
+		Expect(db.Count(ctx, "pg_class", "oid = to_regclass($1) AND reloptions @> '{autovacuum_vacuum_scale_factor=0,autovacuum_vacuum_threshold=100000}'", spec.Name)).To(Equal(1),
+			"vacuumed by its dead rows, not by its size")
 
 		done, err = outbox.Migrate(ctx, pool, spec)
 		Expect(err).NotTo(HaveOccurred())

@@ -165,8 +165,13 @@ func (b *bench) soakVacuum(ctx context.Context) []string {
 	// grows them with every event.
 	heap, claim, other := end.perRow(end.heap)/settled.perRow(settled.heap), end.claim/settled.claim, end.perRow(end.otherIndex)/settled.perRow(settled.otherIndex)
 	var threshold float64
-	if err := b.pool.QueryRow(ctx, `SELECT current_setting('autovacuum_vacuum_threshold')::float8 + current_setting('autovacuum_vacuum_scale_factor')::float8 * $1`,
-		end.live).Scan(&threshold); err != nil {
+	// The table's own settings first, as autovacuum reads them.
+	if err := b.pool.QueryRow(ctx, `SELECT coalesce(o.threshold, current_setting('autovacuum_vacuum_threshold'))::float8
+			+ coalesce(o.scale, current_setting('autovacuum_vacuum_scale_factor'))::float8 * $1
+		FROM (SELECT (SELECT split_part(x, '=', 2) FROM unnest(c.reloptions) x WHERE x LIKE 'autovacuum_vacuum_threshold=%') AS threshold,
+			(SELECT split_part(x, '=', 2) FROM unnest(c.reloptions) x WHERE x LIKE 'autovacuum_vacuum_scale_factor=%') AS scale
+			FROM pg_class c WHERE c.oid = $2::regclass) o`,
+		end.live, spec.Name).Scan(&threshold); err != nil {
 		log.Fatalf("read autovacuum's threshold: %v", err)
 	}
 	kept := end.dead <= threshold && heap <= 1.5 && claim <= 1.5 && other <= 1.5
