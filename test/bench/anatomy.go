@@ -161,9 +161,7 @@ func (b *bench) anatomyRun(ctx context.Context, step anatomyStep) (insert, claim
 	}
 	quiesce("anatomy")
 	start := backendCPU(pid)
-	if _, err := pool.Exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload)
-		SELECT 'bench.event', jsonb_build_object('n', g, 'pad', $2::text) FROM generate_series(1, $1) g`,
-		*events, strings.Repeat("x", max(*payloadBytes-25, 0))); err != nil {
+	if _, err := insertEventsOn(ctx, pool, spec.Name, *events); err != nil {
 		log.Fatal(err)
 	}
 	insert = perRowµs(backendCPU(pid)-start, *events)

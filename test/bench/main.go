@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -271,7 +272,15 @@ func (b *bench) seed(ctx context.Context, spec outbox.TableSpec, pending, stale 
 // insertEvents inserts n pending rows of the configured payload size into
 // table by one statement, as the application's transactions would.
 func (b *bench) insertEvents(ctx context.Context, table string, n int) {
-	b.exec(ctx, `INSERT INTO `+table+` (event_type, payload)
+	if _, err := insertEventsOn(ctx, b.pool, table, n); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// insertEventsOn is insertEvents on a pool of the caller's, whose session
+// then pays for it.
+func insertEventsOn(ctx context.Context, db *pgxpool.Pool, table string, n int) (pgconn.CommandTag, error) {
+	return db.Exec(ctx, `INSERT INTO `+table+` (event_type, payload)
 		SELECT 'bench.event', jsonb_build_object('n', g, 'pad', $2::text) FROM generate_series(1, $1) g`, n, strings.Repeat("x", max(*payloadBytes-25, 0)))
 }
 
