@@ -144,7 +144,7 @@ func registerDrainFlags(fs *flag.FlagSet, c *drainer.Config) {
 		"commit claims and settles synchronously (off: the application's commits do not queue behind the drainer's WAL flushes)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", c.ShutdownTimeout,
 		"on SIGTERM, how long to wait for confirms in flight, settle them and release the rest")
-	fs.Var(windowFlag{&c.Retention.Published}, "retention-published", "delete published rows this long after publishing; 0s deletes each row once its publish is confirmed (unset: keep)")
+	fs.Var(windowFlag{&c.Retention.Published}, "retention-published", "keep published rows this long, then delete them (unset or 0s: delete each row once its publish is confirmed; 0s also prunes rows kept before)")
 	fs.Var(windowFlag{&c.Retention.UnpublishedMaxAge}, "retention-unpublished-max-age",
 		"delete rows never published this long after enqueued_at, poisoned ones included (unset: keep)")
 	fs.DurationVar(&c.Retention.Interval, "retention-interval", c.Retention.Interval, "pause between retention runs")

@@ -74,7 +74,7 @@ var _ = Describe("spillway drain flags", func() {
 		Expect(cfg.MaxClaimBytes).To(Equal(int64(8 << 20)))
 		Expect(cfg.MaxPipelineBytes).To(Equal(int64(16 << 20)))
 		Expect(cfg.Broker.MessageProperties).To(Equal(rabbitmq.FullProperties))
-		Expect(cfg.Retention.Published).To(BeNil(), "kept forever unless set")
+		Expect(cfg.Retention.Published).To(BeNil(), "unset: each row deleted once published, and no prune")
 		Expect(cfg.Retention.UnpublishedMaxAge).To(BeNil())
 	})
 

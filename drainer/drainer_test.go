@@ -91,6 +91,33 @@ var _ = Describe("Draining", Label(tier.DB, tier.Broker), func() {
 		Expect(got).To(ConsistOf(want), "every deleted row was published once")
 	})
 
+	It("by default deletes each row once its publish is confirmed, and leaves the rows an earlier setting kept", func(ctx SpecContext) {
+		spec := db.CanonicalOutbox(ctx)
+		topo := topology("#", nil)
+		db.Seed(ctx, spec.Name, 1_000)
+		want := db.IDs(ctx, spec.Name, "true")
+		// History marked published by a release that kept it: an upgrade
+		// to the default must not delete it.
+		db.Exec(ctx, "INSERT INTO "+spec.Name+" (event_type, payload, published_at) SELECT 'order.created', '{}', now() - interval '1 hour' FROM generate_series(1, 5)")
+		kept := db.IDs(ctx, spec.Name, "published_at IS NOT NULL")
+		cfg := testConfig("drainer-a", spec, topo.Exchange)
+		cfg.Retention = DefaultConfig().Retention
+		startDrainer(ctx, cfg)
+
+		ch := amqpChannel()
+		msgs, err := testenv.Consume(ch, topo.Queue, 1_000, drainTimeout)
+		Expect(err).NotTo(HaveOccurred())
+		var got []string
+		for _, m := range msgs {
+			got = append(got, m.MessageId)
+		}
+		Expect(got).To(ConsistOf(want), "every row was published once")
+		// The last confirms may still be settling: wait for the deletes.
+		Eventually(func() []string { return db.IDs(ctx, spec.Name, "true") }, drainTimeout, 50*time.Millisecond).
+			Should(ConsistOf(kept), "the published rows are deleted, the history kept before is not")
+		Expect(testenv.QueueDepth(ch, topo.Queue)).To(BeZero(), "no row was published twice")
+	})
+
 	It("publishes each message persistent, with the row id, routing key, headers, content type, timestamp, type and app_id", func(ctx SpecContext) {
 		spec := db.CanonicalOutbox(ctx)
 		topo := topology("order.*", nil)

@@ -115,7 +115,7 @@ var _ = Describe("The OutboxDrainer schema", func() {
 		Expect(s.MaxPayloadBytes).To(Equal(d.MaxPayloadBytes))
 		Expect(s.ShutdownTimeout.Duration).To(Equal(30 * time.Second))
 		Expect(s.StatusInterval.Duration).To(Equal(15 * time.Second))
-		Expect(s.Retention).To(BeNil(), "unset retention keeps rows forever")
+		Expect(s.Retention).To(BeNil(), "unset retention keeps no published row and every pending one")
 	})
 
 	DescribeTable("accepts",

@@ -181,12 +181,14 @@ type RetryBackoff struct {
 	Max metav1.Duration `json:"max,omitzero"`
 }
 
-// Retention is how long the drainers keep rows. Unset, rows are kept
-// forever.
+// Retention is how long the drainers keep rows. Unset, no published row is
+// kept, and every pending row is.
 type Retention struct {
-	// Published is how long a row is kept once it is published. 0s keeps
-	// none: each row is deleted as its publish is confirmed, which costs
-	// the database a third less than marking it published.
+	// Published is how long a row is kept once it is published, marked
+	// with its publishedAt column. Unset or 0s keeps none: each row is
+	// deleted as its publish is confirmed, which costs the database a fifth
+	// less CPU and half the WAL of marking it. 0s also deletes the rows an
+	// earlier window kept; unset leaves them.
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$`
 	// +kubebuilder:validation:MaxLength=32

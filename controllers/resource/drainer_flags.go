@@ -198,8 +198,8 @@ func DrainArgs(s v1alpha1.OutboxDrainerSpec) []string {
 	if s.MaxCommitLatency != nil {
 		args = append(args, "--max-commit-latency="+s.MaxCommitLatency.Duration.String())
 	}
-	// Unset retention keeps rows forever; a published window of 0s keeps
-	// no published row.
+	// Unset, the drainers keep no published row and every pending one; a
+	// published window keeps published rows that long.
 	if r := s.Retention; r != nil {
 		if r.Published != nil {
 			args = append(args, "--retention-published="+r.Published.Duration.String())

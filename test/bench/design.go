@@ -30,13 +30,14 @@ type design struct {
 
 // designs are the ways of draining the section compares: the earlier design
 // (the lease written into the due time, so each claim moves the row's claim
-// index entry), today's at the defaults, and today's with published rows
-// deleted on confirm.
+// index entry, and published rows marked, the default then), today's with
+// published rows kept by a retention window, today's at the defaults, and a
+// lease in a claims table.
 var designs = []design{
-	{"before: lease in the due time, marks published", func(c *drainer.Config) { c.LeaseInDueTime = true }, nil},
-	{"today: heap-only claim, marks published (default)", nil, nil},
-	{"today: heap-only claim, deletes (retention 0s)", deletePublished, nil},
-	{"lease in a claims table, deletes", deletePublished, func(ctx context.Context, s *outbox.Store) error { return s.KeepLeasesInClaimsTable(ctx) }},
+	{"before: lease in the due time, marks published", func(c *drainer.Config) { c.LeaseInDueTime = true; keepPublished(c) }, nil},
+	{"today: heap-only claim, marks published (168h kept)", keepPublished, nil},
+	{"today: heap-only claim, deletes (default)", nil, nil},
+	{"lease in a claims table, deletes", nil, func(ctx context.Context, s *outbox.Store) error { return s.KeepLeasesInClaimsTable(ctx) }},
 }
 
 // designCost is what one stretch (the insert, or a drain) cost the

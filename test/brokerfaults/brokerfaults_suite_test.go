@@ -133,8 +133,11 @@ type drainer struct {
 // drain starts a drainer publishing to the cluster through brokerURLs.
 func (f *fleet) drain(id, brokerURLs string, extra ...string) drainer {
 	d := drainer{id: id + "-" + testenv.UniqueName("d"), addr: suite.FreeAddr()}
+	// Published rows are kept: the ledger reads every event's id, and its
+	// attempts, from the table once the drain is over.
 	args := []string{"drain", "--database-url", testenv.DatabaseURL(), "--broker-url", brokerURLs,
-		"--table", f.outbox.Table, "--exchange", f.topo.Exchange, "--drainer-id", d.id, "--metrics-addr", d.addr}
+		"--table", f.outbox.Table, "--exchange", f.topo.Exchange, "--drainer-id", d.id, "--metrics-addr", d.addr,
+		"--retention-published", "24h"}
 	d.session = suite.Start(spillway, append(args, extra...)...)
 	return d
 }

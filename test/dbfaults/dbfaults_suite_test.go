@@ -149,8 +149,10 @@ type drainer struct {
 // drain starts a drainer on the fleet's table through the database URL.
 func (f *fleet) drain(id, url string, extra ...string) drainer {
 	d := drainer{id: id + "-" + testenv.UniqueName("d"), addr: suite.FreeAddr()}
+	// Published rows are kept: the ledger tells an event a failover lost
+	// (its row gone) from one published (its row marked).
 	args := []string{"drain", "--database-url", url, "--broker-url", testenv.BrokerURL(), "--table", f.spec.Name,
-		"--exchange", f.topo.Exchange, "--drainer-id", d.id, "--metrics-addr", d.addr}
+		"--exchange", f.topo.Exchange, "--drainer-id", d.id, "--metrics-addr", d.addr, "--retention-published", "24h"}
 	if f.spec.Ordering.KeyColumn != "" {
 		args = append(args, "--ordering-key-column", f.spec.Ordering.KeyColumn)
 	}

@@ -236,7 +236,9 @@ var _ = Describe("A fleet ordering per key", func() {
 				"--table", table, "--ordering-key-column", "aggregate_id", "--ordering-on-failure", "block",
 				"--exchange", topo.Exchange, "--mandatory",
 				"--batch-size", "100", "--pipeline-depth", "10", "--lease-ttl", "3s", "--poll-interval", "100ms",
-				"--max-attempts", "1000", "--retry-initial", "20ms", "--retry-max", "200ms")
+				"--max-attempts", "1000", "--retry-initial", "20ms", "--retry-max", "200ms",
+				// Kept, for the failed attempts counted once the drain is over.
+				"--retention-published", "24h")
 		}
 		start := time.Now()
 		victim := drain("ordered-1")

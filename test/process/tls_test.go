@@ -57,12 +57,13 @@ var _ = Describe("A Postgres that accepts only TLS", func() {
 		DeferCleanup(db.Close)
 		DeferCleanup(func(ctx SpecContext) { _, _ = db.Exec(ctx, "DROP TABLE IF EXISTS "+table) })
 		suite.DB{Pool: db}.Seed(ctx, table, 1000)
+		want := suite.DB{Pool: db}.IDs(ctx, table, "true")
 		ch, topo := topology()
 		drainer := "tls-" + testenv.UniqueName("d")
 		start(append([]string{"drain", "--database-url", url, "--broker-url", testenv.BrokerURL(), "--table", table,
 			"--exchange", topo.Exchange, "--drainer-id", drainer, "--metrics-addr", ""}, certFlags...)...)
 		Eventually(func() int { return suite.DB{Pool: db}.Count(ctx, table, "published_at IS NULL") }, time.Minute).Should(BeZero())
-		missing, _ := suite.Undelivered(ch, topo.Queue, suite.DB{Pool: db}.IDs(ctx, table, "true"), time.Minute)
+		missing, _ := suite.Undelivered(ch, topo.Queue, want, time.Minute)
 		Expect(missing).To(BeEmpty())
 
 		var sessions int
