@@ -7,10 +7,12 @@ import (
 
 	. "github.com/onsi/ginkgo/v2"
 	. "github.com/onsi/gomega"
+	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 
 	"github.com/spillway-io/spillway/drainer/sink"
 	"github.com/spillway-io/spillway/outbox"
 	"github.com/spillway-io/spillway/secret"
+	"github.com/spillway-io/spillway/test/testenv"
 )
 
 var _ = Describe("A response's outcome", func() {
@@ -122,5 +124,41 @@ var _ = Describe("The webhook's settings", func() {
 		Expect(c.Validate(nil)).To(BeEmpty())
 		c.URL = "ftp://example.com/hook"
 		Expect(c.Validate(nil).ToAggregate().Error()).To(ContainSubstring("must be an https URL, not ftp"))
+	})
+})
+
+var _ = Describe("A request's signature", func() {
+	It("is the Standard Webhooks library's, by each secret, and verifies with either during a rotation", func() {
+		secrets := []string{testenv.NewSecret(), testenv.NewSecret()}
+		var signers []*signer
+		for _, s := range secrets {
+			sg, err := newSigner(s)
+			Expect(err).NotTo(HaveOccurred())
+			signers = append(signers, sg)
+		}
+		at := time.Unix(1_796_000_000, 0)
+		// The signer is used again and again: each signature must stand alone.
+		for _, body := range []string{`{"order":7}`, "", strings.Repeat("é", 300)} {
+			h := http.Header{}
+			sign(h, "row-1", at, []byte(body), signers)
+			Expect(h.Get("webhook-id")).To(Equal("row-1"))
+			Expect(h.Get("webhook-timestamp")).To(Equal("1796000000"))
+			got := strings.Split(h.Get("webhook-signature"), " ")
+			Expect(got).To(HaveLen(2))
+			for i, s := range secrets {
+				lib, err := standardwebhooks.NewWebhook(s)
+				Expect(err).NotTo(HaveOccurred())
+				want, err := lib.Sign("row-1", at, []byte(body))
+				Expect(err).NotTo(HaveOccurred())
+				Expect(got[i]).To(Equal(want), "secret %d, body %q", i, body)
+			}
+		}
+	})
+
+	It("refuses a secret that is not whsec_ and base64", func() {
+		for _, s := range []string{"whsec_!!!", "", "whsec_"} {
+			_, err := newSigner(s)
+			Expect(err).To(HaveOccurred(), "%q", s)
+		}
 	})
 })

@@ -17,7 +17,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	standardwebhooks "github.com/standard-webhooks/standard-webhooks/libraries/go"
 	"go.opentelemetry.io/otel/attribute"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
@@ -149,17 +148,17 @@ func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, erro
 }
 
 // readSigners reads the signing secrets, one per line.
-func readSigners(file string) ([]*standardwebhooks.Webhook, error) {
+func readSigners(file string) ([]*signer, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("read the webhook signing secret file: %w", err)
 	}
-	var signers []*standardwebhooks.Webhook
+	var signers []*signer
 	for i, line := range strings.Split(string(b), "\n") {
 		if line = strings.TrimSpace(line); line == "" {
 			continue
 		}
-		s, err := standardwebhooks.NewWebhook(line)
+		s, err := newSigner(line)
 		if err != nil {
 			return nil, fmt.Errorf("webhook signing secret file %s, line %d: must be a Standard Webhooks secret, whsec_ and base64 (not shown)", file, i+1)
 		}
@@ -201,7 +200,7 @@ type conn struct {
 	dialer    *Dialer
 	url       string
 	endpoint  string
-	signers   []*standardwebhooks.Webhook
+	signers   []*signer
 	client    *http.Client
 	transport *http.Transport
 	// ctx ends with the hard stop or Close, and every request with it.
@@ -286,11 +285,8 @@ func (c *conn) start(r *request, rides []*delivery) error {
 		return fmt.Errorf("%w: %s", sink.ErrDown, secret.RedactError(err, c.url))
 	}
 	req.Header = r.header
-	req.Header.Set("User-Agent", "spillway")
-	if err := sign(req.Header, r.id, time.Now(), r.body, c.signers); err != nil {
-		cancel()
-		return err
-	}
+	req.Header["User-Agent"] = []string{"spillway"}
+	sign(req.Header, r.id, time.Now(), r.body, c.signers)
 	for _, d := range rides {
 		d.cancel = cancel
 	}
