@@ -132,8 +132,9 @@ func rowHeaders(raw []byte, prefix string) (http.Header, error) {
 // signer signs requests with one secret as Standard Webhooks does: v1, the
 // HMAC-SHA256 of "id.timestamp.body" in base64. It keeps its HMAC between
 // requests, where the library's Sign builds one and copies the body into a
-// formatted string each time, a twentieth of a drainer's CPU at a row per
-// request. It is the publishing goroutine's alone.
+// formatted string each time: 4.9 % of the bench process's CPU (drainer
+// and receiver) at a row per request, against 1.9 % for this. It is the
+// publishing goroutine's alone.
 type signer struct{ mac hash.Hash }
 
 // newSigner reads a secret as the library does: whsec_, then base64.
