@@ -20,25 +20,11 @@ const orderingKeys = 10_000
 func (b *bench) ordering(ctx context.Context) []string {
 	plain := b.outbox(ctx)
 	defer b.exec(ctx, "DROP TABLE "+plain.Name)
-	ordered := b.outbox(ctx)
+	b.exec(ctx, "ALTER TABLE "+plain.Name+" ADD COLUMN aggregate_id text")
+	ordered := b.orderedOutbox(ctx)
 	defer b.exec(ctx, "DROP TABLE "+ordered.Name)
-	for _, spec := range []outbox.TableSpec{plain, ordered} {
-		b.exec(ctx, "ALTER TABLE "+spec.Name+" ADD COLUMN aggregate_id text")
-	}
-	ordered.Ordering = outbox.Ordering{KeyColumn: "aggregate_id"}
-	if _, err := outbox.Migrate(ctx, b.pool, ordered); err != nil {
-		log.Fatal(err)
-	}
-	pad := strings.Repeat("x", max(*payloadBytes-45, 0))
 	drain := func(s *scenario, spec outbox.TableSpec, drainers int) {
-		b.exec(ctx, "TRUNCATE "+spec.Name)
-		// Each event enqueued a microsecond after the one before, as
-		// commits of their own would be, and due when enqueued.
-		b.exec(ctx, `INSERT INTO `+spec.Name+` (event_type, payload, aggregate_id, enqueued_at, available_at)
-			SELECT 'bench.event', jsonb_build_object('n', g, 'key', k, 'pad', $2::text), k, at, at
-			FROM (SELECT g, 'k' || floor(random() * $3)::int AS k, now() - interval '1 hour' + g * interval '1 microsecond' AS at
-				FROM generate_series(1, $1::int) g) s`, *events, pad, orderingKeys)
-		b.exec(ctx, "VACUUM ANALYZE "+spec.Name)
+		b.seedKeyed(ctx, spec.Name)
 		s.add(b.drain(ctx, spec, drainers, nil))
 	}
 	var off1, on1, off2, on2 scenario
@@ -59,4 +45,28 @@ func (b *bench) ordering(ctx context.Context) []string {
 		target("ordered ÷ unordered ≥ 0.7, 1 drainer", fmt.Sprintf("%.2f", r1), r1 >= 0.7),
 		target("ordered ÷ unordered ≥ 0.7, 2 drainers", fmt.Sprintf("%.2f", r2), r2 >= 0.7),
 	}
+}
+
+// orderedOutbox is a new outbox ordered on its aggregate_id column.
+func (b *bench) orderedOutbox(ctx context.Context) outbox.TableSpec {
+	spec := b.outbox(ctx)
+	b.exec(ctx, "ALTER TABLE "+spec.Name+" ADD COLUMN aggregate_id text")
+	spec.Ordering = outbox.Ordering{KeyColumn: "aggregate_id"}
+	if _, err := outbox.Migrate(ctx, b.pool, spec); err != nil {
+		log.Fatal(err)
+	}
+	return spec
+}
+
+// seedKeyed empties table and fills it with the run's events, their
+// aggregate_id keys drawn at random from orderingKeys.
+func (b *bench) seedKeyed(ctx context.Context, table string) {
+	b.exec(ctx, "TRUNCATE "+table)
+	// Each event enqueued a microsecond after the one before, as commits of
+	// their own would be, and due when enqueued.
+	b.exec(ctx, `INSERT INTO `+table+` (event_type, payload, aggregate_id, enqueued_at, available_at)
+		SELECT 'bench.event', jsonb_build_object('n', g, 'key', k, 'pad', $2::text), k, at, at
+		FROM (SELECT g, 'k' || floor(random() * $3)::int AS k, now() - interval '1 hour' + g * interval '1 microsecond' AS at
+			FROM generate_series(1, $1::int) g) s`, *events, strings.Repeat("x", max(*payloadBytes-45, 0)), orderingKeys)
+	b.exec(ctx, "VACUUM ANALYZE "+table)
 }

@@ -68,7 +68,20 @@ func (b *bench) vacuum(ctx context.Context) []string {
 		fmt.Printf("\nvacuum: skipped: %s\n", missing)
 		return nil
 	}
-	log.Printf("vacuum: starting the primary and its replica (hack/postgres-ha.sh up async)")
+	soak, down := b.onPrimary(ctx, "vacuum")
+	defer down()
+	var on string
+	if err := soak.pool.QueryRow(ctx, "SHOW autovacuum").Scan(&on); err != nil || on != "on" {
+		fmt.Printf("\nvacuum: skipped: autovacuum is %q on the primary (%v)\n", on, err)
+		return nil
+	}
+	return soak.soakVacuum(ctx)
+}
+
+// onPrimary starts hack/postgres-ha.sh's primary, with an asynchronous
+// replica, and returns the bench on it; down stops both.
+func (b *bench) onPrimary(ctx context.Context, section string) (ha *bench, down func()) {
+	log.Printf("%s: starting the primary and its replica (hack/postgres-ha.sh up async)", section)
 	if _, err := pgha.Script("up", "async"); err != nil {
 		log.Fatal(err)
 	}
@@ -77,15 +90,14 @@ func (b *bench) vacuum(ctx context.Context) []string {
 	if err != nil {
 		log.Fatal(err)
 	}
-	defer pool.Close()
-	var on string
-	if err := pool.QueryRow(ctx, "SHOW autovacuum").Scan(&on); err != nil || on != "on" {
-		fmt.Printf("\nvacuum: skipped: autovacuum is %q on the primary (%v)\n", on, err)
-		return nil
+	on := *b
+	on.pool, on.dbURL = pool, url
+	return &on, func() {
+		pool.Close()
+		if out, err := pgha.Script("down"); err != nil {
+			log.Printf("%s: %v: %s", section, err, out)
+		}
 	}
-	soak := *b
-	soak.pool, soak.dbURL = pool, url
-	return soak.soakVacuum(ctx)
 }
 
 // soakVacuum seeds a backlog and vacuums it (the baseline), then runs one

@@ -75,23 +75,12 @@ var _ = Describe("A primary with a synchronous streaming replica, reached by a m
 })
 
 var _ = Describe("PgBouncer in transaction mode", Serial, func() {
-	It("drains the whole backlog through the pooler, woken, capped and ordered through a direct session, at 0.8 of a direct connection's rate or more", func(ctx SpecContext) {
+	It("drains the whole backlog through the pooler, woken, capped and ordered through a direct session", func(ctx SpecContext) {
 		// The drainers' own sessions go to the primary as another user,
 		// so that what reaches Postgres through the pooler can be told
-		// apart.
-		extra := []string{"--max-rate", "1000000", "--wake-coalesce", "8ms"}
-		pooled := append([]string{"--database-pool-mode", "transaction", "--database-direct-url", pgha.URL("root")}, extra...)
-		// The rates, each the mean of two drains taken in turn, direct and
-		// pooled, so that a noisy moment of the machine weighs on both: one
-		// drain of each differed by up to a fifth from run to run.
-		var direct, through float64
-		for range 2 {
-			direct += drainRate(ctx, "direct", pgha.URL("postgres"), extra...) / 2
-			through += drainRate(ctx, "pooled", pgha.Pooled("test_tx"), pooled...) / 2
-		}
-		GinkgoWriter.Printf("transaction pooling drained at %.0f events/s, a direct connection at %.0f: ratio %.2f\n", through, direct, through/direct)
-		AddReportEntry("rate through PgBouncer in transaction mode", through/direct)
-
+		// apart. What the pooler costs in rate is make bench's (its pooler
+		// section): a timed spec would judge the machine's noise.
+		pooled := []string{"--database-pool-mode", "transaction", "--database-direct-url", pgha.URL("root"), "--max-rate", "1000000", "--wake-coalesce", "8ms"}
 		f := newFleet(ctx, true)
 		installNotify(ctx, f)
 		start := time.Now()
@@ -106,12 +95,10 @@ var _ = Describe("PgBouncer in transaction mode", Serial, func() {
 		}
 		w := f.watch(a, pgha.Pooled("test_tx"))
 		w.Fault("draining through PgBouncer in transaction mode")
-		w.Timeline.Mark("backlogs of %d drained at %.0f events/s through the pooler, %.0f directly: %.2f", backlogRows, through, direct, through/direct)
 		Expect(sessionState(ctx, "postgres")).To(BeEmpty(), "no LISTEN and no advisory lock through the pooler")
 		Expect(sessionState(ctx, "root")).To(ContainElement(HavePrefix("LISTEN")), "the LISTEN on the direct session")
 		backlogDrained(ctx, f, start)
 		f.finish(ctx, w, "4. drained through PgBouncer, transaction mode")
-		Expect(through / direct).To(BeNumerically(">=", 0.8))
 		Expect(ordered(ctx, f)).To(Succeed())
 	})
 
@@ -163,23 +150,6 @@ func drainingFleet(ctx context.Context, name, url string, extra ...string) (*fle
 	d := f.drain(name, url, extra...)
 	d.waitDraining(2000)
 	return f, d, f.watch(d, url)
-}
-
-// drainRate drains a fresh ordered backlog with two drainers through url,
-// and returns its rate in events a second, with the same traffic beside it
-// as the fault specs.
-func drainRate(ctx context.Context, name, url string, extra ...string) float64 {
-	f := newFleet(ctx, true)
-	installNotify(ctx, f)
-	start := time.Now()
-	a := f.drain(name+"-a", url, extra...)
-	b := f.drain(name+"-b", url, extra...)
-	backlogDrained(ctx, f, start)
-	rate := float64(backlogRows) / time.Since(start).Seconds()
-	for _, d := range []drainer{a, b} {
-		d.session.Terminate().Wait(30 * time.Second)
-	}
-	return rate
 }
 
 // installNotify adds the notify trigger to the fleet's table.

@@ -101,8 +101,31 @@ var _ = JustAfterEach(func() {
 	if CurrentSpecReport().Failed() && cluster != nil {
 		failed = true
 		AddReportEntry("logs", strings.Join(cluster.LogFiles(), "\n"))
+		AddReportEntry("the end of each container's log written during the spec", logTails(CurrentSpecReport().StartTime, 30))
 	}
 })
+
+// logTails is the last n lines of each container log written to since
+// start: a run in CI does not keep the cluster's directory.
+func logTails(start time.Time, n int) string {
+	if cluster.Node == nil {
+		return ""
+	}
+	var b strings.Builder
+	for _, l := range cluster.Node.Logs() {
+		info, err := os.Stat(l.Path)
+		if err != nil || info.ModTime().Before(start) {
+			continue
+		}
+		out, err := os.ReadFile(l.Path)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
+		fmt.Fprintf(&b, "== pod %s/%s, container %s ==\n%s\n", l.Namespace, l.Pod, l.Container, strings.Join(lines[max(len(lines)-n, 0):], "\n"))
+	}
+	return b.String()
+}
 
 // helmImages are the values that point the chart at the cluster's
 // registry, by digest: the operator's image, and so its fleets', and the

@@ -70,7 +70,11 @@ func runFault(ctx context.Context, name string, outbox testenv.Outbox, ledger *t
 	f.timeline.Mark("%d events written at once, %d/s flowing", len(burst), faultTraffic)
 	// Inject mid-drain: once the fleet is publishing the burst.
 	before := ledger.Total()
-	Eventually(func() (int, error) { return ledger.Total() - before, ledger.Err() }, time.Minute, 20*time.Millisecond).Should(BeNumerically(">=", faultBurst/10))
+	Eventually(func() (int, error) { return ledger.Total() - before, ledger.Err() }, time.Minute, 20*time.Millisecond).Should(BeNumerically(">=", faultBurst/10),
+		func() string {
+			backlog, err := outbox.Backlog(ctx)
+			return fmt.Sprintf("the fleet is not publishing the burst (backlog %d, %v):\n%s", backlog, err, f.timeline)
+		})
 
 	inject(ctx, f)
 
