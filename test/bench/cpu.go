@@ -15,11 +15,16 @@ import (
 )
 
 // The processes whose CPU the benchmark attributes: the broker, the
-// database, and this process (the publisher or the drainers).
-var cpuGroups = []struct{ name, comm string }{
-	{"rabbitmq", "beam.smp"},
-	{"postgres", "postgres"},
-	{"drainer", ""}, // this process
+// database, this process (the publisher or the drainers) and, in the runs
+// through it, PgBouncer, shown only where it spent any.
+var cpuGroups = []struct {
+	name, comm string
+	ifUsed     bool
+}{
+	{"rabbitmq", "beam.smp", false},
+	{"postgres", "postgres", false},
+	{"drainer", "", false}, // this process
+	{"pgbouncer", "pgbouncer", true},
 }
 
 // The groups' indexes.
@@ -271,7 +276,9 @@ func (u cpuUse) add(o cpuUse) cpuUse {
 func (u cpuUse) String() string {
 	var parts []string
 	for i, g := range cpuGroups {
-		parts = append(parts, fmt.Sprintf("%s %3.0f%%", g.name, 100*u.seconds[i]/u.wall.Seconds()))
+		if !g.ifUsed || u.seconds[i] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %3.0f%%", g.name, 100*u.seconds[i]/u.wall.Seconds()))
+		}
 	}
 	return "cpu: " + strings.Join(parts, ", ")
 }

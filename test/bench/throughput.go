@@ -141,7 +141,9 @@ func (s *scenario) report(what, ratio string) {
 	}
 	var cpu []string
 	for i, g := range cpuGroups {
-		cpu = append(cpu, fmt.Sprintf("%s %3.0f", g.name, s.perEvent()[i]))
+		if us := s.perEvent()[i]; !g.ifUsed || us > 0 {
+			cpu = append(cpu, fmt.Sprintf("%s %3.0f", g.name, us))
+		}
 	}
 	fmt.Printf("%-50s %6.0f events/s  %-18s µs/event: %s  %s%s\n", what, s.rate(), ratio, strings.Join(cpu, ", "), s.wal.per1000(s.events), rounds)
 }
