@@ -343,7 +343,9 @@ func (b *bench) newFleet(ctx context.Context, spec outbox.TableSpec, n int, twea
 		if tweak != nil {
 			tweak(&cfg)
 		}
-		store, closeStore, err := drainer.Open(ctx, cfg, quiet)
+		// Open's retries, while the database is unavailable, are shown:
+		// a bench that waits must say so.
+		store, closeStore, err := drainer.Open(ctx, cfg, slog.New(slog.NewTextHandler(os.Stderr, nil)))
 		if err != nil {
 			log.Fatal(err)
 		}

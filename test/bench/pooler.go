@@ -19,11 +19,10 @@ import (
 // PgBouncer in transaction mode (unnamed statements, the settings sent in
 // each transaction, the LISTEN on a direct session), in interleaved rounds.
 func (b *bench) pooler(ctx context.Context) []string {
-	if missing := pgha.Missing(); missing != "" {
-		fmt.Printf("\npooler: skipped: %s\n", missing)
+	ha, down := b.onPrimary(ctx, "pooler", pgha.Missing())
+	if ha == nil {
 		return nil
 	}
-	ha, down := b.onPrimary(ctx, "pooler")
 	defer down()
 	if _, err := pgha.Script("pgbouncer", "up"); err != nil {
 		log.Fatal(err)

@@ -64,11 +64,10 @@ func (s tableShape) bytesPerRow(size float64) string {
 // with an asynchronous replica: a cluster at Postgres's defaults, where
 // autovacuum runs. The system cluster's test configuration turns it off.
 func (b *bench) vacuum(ctx context.Context) []string {
-	if missing := pgha.MissingServers(); missing != "" {
-		fmt.Printf("\nvacuum: skipped: %s\n", missing)
+	soak, down := b.onPrimary(ctx, "vacuum", pgha.MissingServers())
+	if soak == nil {
 		return nil
 	}
-	soak, down := b.onPrimary(ctx, "vacuum")
 	defer down()
 	var on string
 	if err := soak.pool.QueryRow(ctx, "SHOW autovacuum").Scan(&on); err != nil || on != "on" {
@@ -79,8 +78,14 @@ func (b *bench) vacuum(ctx context.Context) []string {
 }
 
 // onPrimary starts hack/postgres-ha.sh's primary, with an asynchronous
-// replica, and returns the bench on it; down stops both.
-func (b *bench) onPrimary(ctx context.Context, section string) (ha *bench, down func()) {
+// replica, and returns the bench on it; down stops both. With a missing
+// piece (pgha's Missing or MissingServers) it says why the section is
+// skipped, and returns nil.
+func (b *bench) onPrimary(ctx context.Context, section, missing string) (ha *bench, down func()) {
+	if missing != "" {
+		fmt.Printf("\n%s: skipped: %s\n", section, missing)
+		return nil, nil
+	}
 	log.Printf("%s: starting the primary and its replica (hack/postgres-ha.sh up async)", section)
 	if _, err := pgha.Script("up", "async"); err != nil {
 		log.Fatal(err)
