@@ -2,6 +2,7 @@ package webhook
 
 import (
 	"bytes"
+	"context"
 	"crypto/hmac"
 	"crypto/sha256"
 	"encoding/base64"
@@ -65,7 +66,7 @@ func requestOf(row outbox.Row, tc sink.Trace, prefix, contentType string, maxPay
 	if err != nil {
 		return nil, &sink.RowFault{Reason: reasonBadHeaders, Detail: "headers: " + err.Error()}
 	}
-	header.Set("Content-Type", contentType)
+	header["Content-Type"] = []string{contentType}
 	if tc.Parent != "" {
 		header.Set(sink.HeaderTraceParent, tc.Parent)
 		if tc.State != "" {
@@ -224,11 +225,29 @@ func retryAfter(v string, now time.Time) time.Duration {
 	return 0
 }
 
-// readSnippet returns the first maxSnippet bytes of body and discards the
-// rest, up to maxResponseBytes, so that the connection can be used again:
-// every response is read, and only a refusal's start is kept.
-func readSnippet(body io.Reader) []byte {
-	snippet, _ := io.ReadAll(io.LimitReader(body, maxSnippet))
-	_, _ = io.Copy(io.Discard, io.LimitReader(body, maxResponseBytes-int64(len(snippet))))
+// requestTo is a request like template, posting body under ctx. The
+// template's URL is shared, not parsed again for each request: a client
+// that follows no redirect only reads it.
+func requestTo(ctx context.Context, template *http.Request, body []byte) *http.Request {
+	req := template.WithContext(ctx)
+	req.ContentLength = int64(len(body))
+	req.Body, req.GetBody = http.NoBody, func() (io.ReadCloser, error) { return http.NoBody, nil }
+	if len(body) > 0 {
+		// Sent again whole if a reused connection turns out closed.
+		req.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		req.Body, _ = req.GetBody()
+	}
+	return req
+}
+
+// readResponse reads resp's body up to maxResponseBytes, so that the
+// connection can be used again, and returns the first maxSnippet bytes of a
+// refusal's: every response is read, and only a refusal's start is kept.
+func readResponse(resp *http.Response) []byte {
+	var snippet []byte
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		snippet, _ = io.ReadAll(io.LimitReader(resp.Body, maxSnippet))
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxResponseBytes-int64(len(snippet))))
 	return snippet
 }

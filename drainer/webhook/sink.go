@@ -1,7 +1,6 @@
 package webhook
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -133,6 +132,9 @@ func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, erro
 		MaxIdleConns:        d.depth,
 		MaxIdleConnsPerHost: d.depth,
 		IdleConnTimeout:     90 * time.Second,
+		// Only a refusal's first bytes are kept, and they are shown as
+		// they came.
+		DisableCompression: true,
 	}
 	client := &http.Client{
 		Transport: transport,
@@ -142,6 +144,7 @@ func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, erro
 	}
 	return &conn{
 		dialer: d, url: raw, endpoint: where(u), signers: signers,
+		post:   &http.Request{Method: http.MethodPost, URL: u, Host: u.Host, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1},
 		client: client, transport: transport, ctx: ctx, cancel: cancel, changed: changed,
 		sends: make(chan sending),
 	}, nil
@@ -197,10 +200,13 @@ func probe(ctx context.Context, u *url.URL, tlsConfig *tls.Config, timeout time.
 // reach the endpoint (a connection refused, a failed TLS handshake): the
 // endpoint is away, and the claim loop dials again, which waits for it.
 type conn struct {
-	dialer    *Dialer
-	url       string
-	endpoint  string
-	signers   []*signer
+	dialer   *Dialer
+	url      string
+	endpoint string
+	signers  []*signer
+	// post is every request's method and URL, parsed once; a client
+	// following no redirect only reads them.
+	post      *http.Request
 	client    *http.Client
 	transport *http.Transport
 	// ctx ends with the hard stop or Close, and every request with it.
@@ -243,47 +249,35 @@ func (c *conn) Publish(_ context.Context, m sink.Message) (sink.Delivery, error)
 	}
 	d := &delivery{done: make(chan struct{})}
 	if c.dialer.cfg.BatchRows == 0 {
-		return d, c.start(m.(*request), []*delivery{d})
-	}
-	c.held, c.heldRides = append(c.held, m.(*request)), append(c.heldRides, d)
-	if len(c.held) < c.dialer.cfg.BatchRows {
+		c.start(m.(*request), []*delivery{d})
 		return d, nil
 	}
-	return d, c.sendHeld()
+	c.held, c.heldRides = append(c.held, m.(*request)), append(c.heldRides, d)
+	if len(c.held) == c.dialer.cfg.BatchRows {
+		c.sendHeld()
+	}
+	return d, nil
 }
 
 // Flush sends the rows held for a batch request.
 func (c *conn) Flush() {
 	if len(c.held) > 0 {
-		if err := c.sendHeld(); err != nil {
-			c.log().Error("Could not send a batch request; its rows are given back", "error", err)
-		}
+		c.sendHeld()
 	}
 }
 
-// sendHeld sends the held rows in one batch request. Should it not start,
-// their deliveries resolve as lost, which gives them back.
-func (c *conn) sendHeld() error {
+// sendHeld sends the held rows in one batch request.
+func (c *conn) sendHeld() {
 	rows, rides := c.held, c.heldRides
 	c.held, c.heldRides = nil, nil
-	err := c.start(batchOf(rows), rides)
-	if err != nil {
-		for _, d := range rides {
-			d.resolve(sink.Outcome{Kind: sink.Lost, Detail: err.Error()})
-		}
-	}
-	return err
+	c.start(batchOf(rows), rides)
 }
 
 // start sends r and resolves rides, the deliveries of the rows it
 // carries, with its outcome.
-func (c *conn) start(r *request, rides []*delivery) error {
+func (c *conn) start(r *request, rides []*delivery) {
 	ctx, cancel := context.WithTimeout(c.ctx, c.dialer.cfg.Timeout)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, c.url, bytes.NewReader(r.body))
-	if err != nil {
-		cancel()
-		return fmt.Errorf("%w: %s", sink.ErrDown, secret.RedactError(err, c.url))
-	}
+	req := requestTo(ctx, c.post, r.body)
 	req.Header = r.header
 	req.Header["User-Agent"] = []string{"spillway"}
 	sign(req.Header, r.id, time.Now(), r.body, c.signers)
@@ -291,7 +285,6 @@ func (c *conn) start(r *request, rides []*delivery) error {
 		d.cancel = cancel
 	}
 	c.hand(sending{req: req, cancel: cancel, rides: rides})
-	return nil
 }
 
 // sending is a request for a sender to send, and the deliveries its
@@ -368,7 +361,7 @@ func (c *conn) send(req *http.Request) sink.Outcome {
 		return sink.Outcome{Kind: sink.Lost, Detail: c.scrub(err.Error())}
 	}
 	defer func() { _ = resp.Body.Close() }()
-	snippet := readSnippet(resp.Body)
+	snippet := readResponse(resp)
 	return outcomeOf(resp.StatusCode, resp.Header, snippet, c.dialer.cfg.GonePoisons, time.Now(), c.scrub)
 }
 
@@ -382,9 +375,21 @@ func (c *conn) observe(resp *http.Response, start time.Time) {
 	}
 	class := "none"
 	if resp != nil {
-		class = strconv.Itoa(resp.StatusCode/100) + "xx"
+		class = statusClass(resp.StatusCode)
 	}
 	c.dialer.Observe(class, time.Since(start))
+}
+
+// statusClasses are the status classes' labels, so that no response
+// formats its own.
+var statusClasses = [...]string{"0xx", "1xx", "2xx", "3xx", "4xx", "5xx", "6xx", "7xx", "8xx", "9xx"}
+
+// statusClass labels a status code by its class: 204 is "2xx".
+func statusClass(code int) string {
+	if code < 0 || code >= 1000 {
+		return strconv.Itoa(code/100) + "xx"
+	}
+	return statusClasses[code/100]
 }
 
 // unreachable is a request error that says the endpoint cannot be reached
