@@ -104,7 +104,12 @@ func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, erro
 		// Not quoted: its query may hold a token.
 		return nil, fmt.Errorf("the webhook URL %w", err)
 	}
-	u, _ := url.Parse(raw)
+	// Every request is a copy of post: the URL is parsed once.
+	post, err := http.NewRequest(http.MethodPost, raw, nil)
+	if err != nil {
+		return nil, fmt.Errorf("the webhook URL: %w", secret.RedactError(err, raw))
+	}
+	u := post.URL
 	signers, err := readSigners(d.cfg.SigningSecretFile)
 	if err != nil {
 		return nil, err
@@ -144,7 +149,7 @@ func (d *Dialer) Dial(hardStop context.Context, changed func()) (sink.Sink, erro
 	}
 	return &conn{
 		dialer: d, url: raw, endpoint: where(u), signers: signers,
-		post:   &http.Request{Method: http.MethodPost, URL: u, Host: u.Host, Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1},
+		post:   post,
 		client: client, transport: transport, ctx: ctx, cancel: cancel, changed: changed,
 		sends: make(chan sending),
 	}, nil
