@@ -289,7 +289,7 @@ func dialerOf(cfg Config, payloadType string, metrics *Metrics, log *slog.Logger
 	cfg.Broker.Format = cfg.Format
 	if cfg.Webhook != nil {
 		cfg.Webhook.Format = cfg.Format
-		d := webhook.NewDialer(*cfg.Webhook, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType, log)
+		d := webhook.NewDialer(*cfg.Webhook, cfg.PipelineDepth, cfg.MaxPayloadBytes, payloadType)
 		d.Observe = func(class string, took time.Duration) {
 			metrics.WebhookResponses.WithLabelValues(class).Inc()
 			metrics.WebhookDuration.Observe(took.Seconds())

@@ -37,17 +37,16 @@ type Dialer struct {
 	maxPayloadBytes int64
 	payloadType     string
 	contentType     string
-	log             *slog.Logger
 }
 
 // NewDialer returns a dialer for cfg; depth is the pipeline depth, the
 // requests in flight at most.
-func NewDialer(cfg Config, depth int, maxPayloadBytes int64, payloadType string, log *slog.Logger) *Dialer {
+func NewDialer(cfg Config, depth int, maxPayloadBytes int64, payloadType string) *Dialer {
 	contentType := cfg.ContentType
 	if contentType == "" {
 		contentType = sink.ContentType(payloadType)
 	}
-	return &Dialer{cfg: cfg, depth: depth, maxPayloadBytes: maxPayloadBytes, payloadType: payloadType, contentType: contentType, log: log}
+	return &Dialer{cfg: cfg, depth: depth, maxPayloadBytes: maxPayloadBytes, payloadType: payloadType, contentType: contentType}
 }
 
 // Where is the endpoint without its credentials or query.
@@ -369,8 +368,6 @@ func (c *conn) send(req *http.Request) sink.Outcome {
 	snippet := readResponse(resp)
 	return outcomeOf(resp.StatusCode, resp.Header, snippet, c.dialer.cfg.GonePoisons, time.Now(), c.scrub)
 }
-
-func (c *conn) log() *slog.Logger { return c.dialer.log }
 
 // observe tells the dialer's Observe of a request sent at start and its
 // response, nil when none came.

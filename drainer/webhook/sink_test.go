@@ -6,8 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
@@ -41,7 +39,7 @@ var _ = Describe("The webhook sink, against a receiver on a real port", func() {
 		Expect(err).NotTo(HaveOccurred())
 		c := DefaultConfig()
 		c.URL, c.AllowHTTP, c.SigningSecretFile, c.Timeout = receiver.URL(), true, file, timeout
-		d := NewDialer(c, 8, 1<<20, "jsonb", slog.New(slog.NewTextHandler(io.Discard, nil)))
+		d := NewDialer(c, 8, 1<<20, "jsonb")
 		Expect(d.Where()).To(Equal("webhook http://" + receiver.URL()[len("http://spillway:receiver-password@"):len(receiver.URL())-len("?token=receiver-token")]))
 		return d.Dial(ctx, func() {})
 	}
@@ -235,7 +233,7 @@ var _ = Describe("The webhook sink in batches", func() {
 		Expect(err).NotTo(HaveOccurred())
 		c := DefaultConfig()
 		c.URL, c.AllowHTTP, c.SigningSecretFile, c.BatchRows = receiver.URL(), true, file, 3
-		s, err := NewDialer(c, 8, 1<<20, "jsonb", slog.New(slog.NewTextHandler(io.Discard, nil))).Dial(ctx, func() {})
+		s, err := NewDialer(c, 8, 1<<20, "jsonb").Dial(ctx, func() {})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(s.Close)
 		key := "order.created"
@@ -297,7 +295,7 @@ var _ = Describe("The webhook sink over TLS", func() {
 		c.URL = strings.Replace(srv.URL, "127.0.0.1", "localhost", 1) + "/hook"
 		c.SigningSecretFile = secrets
 		c.TLS = secret.TLSFiles{CAFile: filepath.Join(dir, "ca.crt"), CertFile: filepath.Join(dir, "tls.crt"), KeyFile: filepath.Join(dir, "tls.key")}
-		s, err := NewDialer(c, 8, 1<<20, "jsonb", slog.New(slog.NewTextHandler(io.Discard, nil))).Dial(ctx, func() {})
+		s, err := NewDialer(c, 8, 1<<20, "jsonb").Dial(ctx, func() {})
 		Expect(err).NotTo(HaveOccurred())
 		DeferCleanup(s.Close)
 		for i := range 3 {
@@ -315,7 +313,7 @@ var _ = Describe("The webhook sink over TLS", func() {
 
 		By("an endpoint whose certificate the CA did not sign is refused at dial, so claiming waits")
 		c.TLS = secret.TLSFiles{}
-		_, err = NewDialer(c, 8, 1<<20, "jsonb", slog.New(slog.NewTextHandler(io.Discard, nil))).Dial(ctx, func() {})
+		_, err = NewDialer(c, 8, 1<<20, "jsonb").Dial(ctx, func() {})
 		Expect(err).To(MatchError(ContainSubstring("certificate signed by unknown authority")))
 	})
 })
