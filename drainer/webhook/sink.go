@@ -208,8 +208,7 @@ type conn struct {
 	url      string
 	endpoint string
 	signers  []*signer
-	// post is every request's method and URL, parsed once; a client
-	// following no redirect only reads them.
+	// post is the request every request copies (see requestTo).
 	post      *http.Request
 	client    *http.Client
 	transport *http.Transport
