@@ -17,15 +17,22 @@ import (
 // The processes whose CPU the benchmark attributes: the broker, the
 // database, this process (the publisher or the drainers) and, in the runs
 // through it, PgBouncer, shown only where it spent any.
-var cpuGroups = []struct {
-	name, comm string
-	ifUsed     bool
-}{
+var cpuGroups = []cpuGroup{
 	{"rabbitmq", "beam.smp", false},
 	{"postgres", "postgres", false},
 	{"drainer", "", false}, // this process
 	{"pgbouncer", "pgbouncer", true},
 }
+
+// cpuGroup is processes by their command name ("" for this process);
+// ifUsed hides the group from a figure where it spent nothing.
+type cpuGroup struct {
+	name, comm string
+	ifUsed     bool
+}
+
+// shows says whether a figure of the group's, v, is printed.
+func (g cpuGroup) shows(v float64) bool { return !g.ifUsed || v > 0 }
 
 // The groups' indexes.
 const (
@@ -276,7 +283,7 @@ func (u cpuUse) add(o cpuUse) cpuUse {
 func (u cpuUse) String() string {
 	var parts []string
 	for i, g := range cpuGroups {
-		if !g.ifUsed || u.seconds[i] > 0 {
+		if g.shows(u.seconds[i]) {
 			parts = append(parts, fmt.Sprintf("%s %3.0f%%", g.name, 100*u.seconds[i]/u.wall.Seconds()))
 		}
 	}

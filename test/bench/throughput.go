@@ -140,9 +140,10 @@ func (s *scenario) report(what, ratio string) {
 		rounds = "  rounds " + strings.Join(each, ", ")
 	}
 	var cpu []string
+	perEvent := s.perEvent()
 	for i, g := range cpuGroups {
-		if us := s.perEvent()[i]; !g.ifUsed || us > 0 {
-			cpu = append(cpu, fmt.Sprintf("%s %3.0f", g.name, us))
+		if g.shows(perEvent[i]) {
+			cpu = append(cpu, fmt.Sprintf("%s %3.0f", g.name, perEvent[i]))
 		}
 	}
 	fmt.Printf("%-50s %6.0f events/s  %-18s µs/event: %s  %s%s\n", what, s.rate(), ratio, strings.Join(cpu, ", "), s.wal.per1000(s.events), rounds)
