@@ -277,16 +277,20 @@ var _ = Describe("Database URL from a file", Label(tier.DB, tier.Broker), func()
 })
 
 var _ = Describe("The drainer's database sessions", Label(tier.DB, tier.Broker), func() {
-	It("name the drainer, pin generic plans, scan no table whole, never JIT-compile, and commit asynchronously unless asked", func(ctx SpecContext) {
+	It("name the drainer, pin generic plans, scan no table whole, never JIT-compile, commit asynchronously unless asked, and have the server probe an idle drainer", func(ctx SpecContext) {
 		settings := func(synchronousCommit bool) []string {
 			id := testenv.UniqueName("drainer")
 			p, err := outbox.ConnectPool(ctx, secret.URLSource{URL: testenv.DatabaseURL()}, outbox.PoolOptions{DrainerID: id, SynchronousCommit: synchronousCommit})
 			Expect(err).NotTo(HaveOccurred())
 			defer p.Close()
-			var name, plans, seqscan, jit, commit string
-			Expect(p.QueryRow(ctx, "SELECT current_setting('application_name'), current_setting('plan_cache_mode'), current_setting('enable_seqscan'), current_setting('jit'), current_setting('synchronous_commit')").
-				Scan(&name, &plans, &seqscan, &jit, &commit)).To(Succeed())
+			var name, plans, seqscan, jit, commit, keepalives string
+			Expect(p.QueryRow(ctx, "SELECT current_setting('application_name'), current_setting('plan_cache_mode'), current_setting('enable_seqscan'), current_setting('jit'), current_setting('synchronous_commit'), "+
+				"concat_ws(' ', current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'), current_setting('tcp_keepalives_count'))").
+				Scan(&name, &plans, &seqscan, &jit, &commit, &keepalives)).To(Succeed())
 			Expect(name).To(Equal("spillway-drainer/" + id))
+			// Idle 15 s, then a probe every 5 s, 3 unanswered: the test
+			// server is reached over TCP, where they apply.
+			Expect(keepalives).To(Equal("15 5 3"))
 			return []string{plans, seqscan, jit, commit}
 		}
 		Expect(settings(false)).To(Equal([]string{"force_generic_plan", "off", "off", "off"}))

@@ -4,7 +4,10 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"net"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -31,10 +34,11 @@ func ConnectPool(ctx context.Context, src secret.URLSource, o PoolOptions) (*pgx
 	// startup parameter it does not track: the settings go per transaction.
 	cfg.ConnConfig.RuntimeParams["application_name"] = "spillway-drainer/" + o.DrainerID
 	if o.Mode != PoolModeTransaction {
-		for _, kv := range sessionSettings(o.SynchronousCommit) {
+		for _, kv := range append(sessionSettings(o.SynchronousCommit), serverKeepalives...) {
 			cfg.ConnConfig.RuntimeParams[kv[0]] = kv[1]
 		}
 	}
+	cfg.ConnConfig.DialFunc = keepaliveDialer(cfg.ConnConfig.ConnectTimeout).DialContext
 	if o.Unprepared {
 		cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	}
@@ -60,6 +64,40 @@ func ConnectPool(ctx context.Context, src secret.URLSource, o PoolOptions) (*pgx
 		return nil, fmt.Errorf("open database pool: %w", secret.RedactError(err, url))
 	}
 	return pool, nil
+}
+
+// A host that vanishes (a node lost with its network, a partition) sends
+// nothing to say so, and TCP's own defaults notice only after hours: the
+// server's, two hours and eleven minutes. Until then a vanished drainer's
+// sessions hold what they held: its notify hush, which keeps every commit
+// from waking the rest of the fleet, its place in the --max-rate roster, and
+// the broker's blocked flag. Both ends therefore probe an idle connection
+// after keepaliveIdle, every keepaliveInterval, and drop it after
+// keepaliveCount probes unanswered: in about half a minute.
+const (
+	keepaliveIdle     = 15 * time.Second
+	keepaliveInterval = 5 * time.Second
+	keepaliveCount    = 3
+)
+
+// serverKeepalives are the startup parameters that have the server probe a
+// session's client as keepaliveDialer probes the server. Sent in session
+// mode only, as the session settings are: through a pooler in transaction
+// mode the server's client is the pooler, and a drainer's own sessions go
+// past it (Pooling.Direct).
+var serverKeepalives = [][2]string{
+	{"tcp_keepalives_idle", strconv.Itoa(int(keepaliveIdle.Seconds()))},
+	{"tcp_keepalives_interval", strconv.Itoa(int(keepaliveInterval.Seconds()))},
+	{"tcp_keepalives_count", strconv.Itoa(keepaliveCount)},
+}
+
+// keepaliveDialer dials the database's hosts within connect_timeout (0:
+// none), probing idle connections as serverKeepalives has the server do.
+// Without it a LISTEN session on a vanished server, whose reads wait for no
+// deadline, was noticed after Go's default of two and a half minutes.
+func keepaliveDialer(timeout time.Duration) *net.Dialer {
+	return &net.Dialer{Timeout: timeout, KeepAliveConfig: net.KeepAliveConfig{
+		Enable: true, Idle: keepaliveIdle, Interval: keepaliveInterval, Count: keepaliveCount}}
 }
 
 func parsePoolConfig(url string, files secret.TLSFiles) (*pgxpool.Config, error) {

@@ -6,7 +6,8 @@
 // switchover, a crash, a demoted primary left reachable, a drain through
 // the pooler, the pooler paused, reconnected and restarted, and every server
 // connection killed by it) and accounts for every row by its id against the
-// messages the queue received.
+// messages the queue received; and one cuts the link between a drainer and
+// a server of its own without a word (test/netsplit).
 package dbfaults
 
 import (
