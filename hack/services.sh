@@ -51,6 +51,12 @@ if [ ! -x /bin/busybox ]; then
   install busybox-static
 fi
 
+# The database fault suite parts a drainer from a server of its own by a
+# veth pair into a network namespace, made with ip (test/netsplit).
+if ! command -v ip >/dev/null; then
+  install iproute2
+fi
+
 if ! pg_isready -h 127.0.0.1 -p 5432 -q 2>/dev/null; then
   if [ -d /etc/postgresql ]; then
     echo "services: starting PostgreSQL"
