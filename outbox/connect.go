@@ -18,7 +18,8 @@ import (
 )
 
 // ConnectPool opens a pool whose sessions name the drainer in
-// pg_stat_activity and, in session mode, carry sessionSettings. With a URL
+// pg_stat_activity, probe a vanished server (keepaliveDialer) and, in
+// session mode, carry sessionSettings and serverKeepalives. With a URL
 // file, every new connection reads the file again, so a rotated password is
 // picked up as the pool replaces its connections.
 func ConnectPool(ctx context.Context, src secret.URLSource, o PoolOptions) (*pgxpool.Pool, error) {
