@@ -53,15 +53,13 @@ func Missing() string {
 // namespace, trusting every client. Names and addresses are the process's
 // own, so concurrent runs do not meet. Stop undoes it all.
 func Start(ctx context.Context) (*Server, error) {
+	removeLeftovers()
 	pid := os.Getpid()
 	net := fmt.Sprintf("10.%d.%d", 200+pid/250%50, pid%250)
-	s := &Server{
-		namespace: fmt.Sprintf("spillway-split-%d", pid),
-		link:      fmt.Sprintf("spsplit%dh", pid),
-		URL:       fmt.Sprintf("postgres://postgres@%s.2:%s/postgres?sslmode=disable", net, port),
-	}
+	s := ofProcess(pid)
+	s.URL = fmt.Sprintf("postgres://postgres@%s.2:%s/postgres?sslmode=disable", net, port)
 	far := fmt.Sprintf("spsplit%df", pid)
-	dir, err := os.MkdirTemp("", "spillway-split-")
+	dir, err := os.MkdirTemp("", fmt.Sprintf("spillway-split-%d-", pid))
 	if err != nil {
 		return nil, err
 	}
@@ -90,6 +88,30 @@ func Start(ctx context.Context) (*Server, error) {
 		}
 	}
 	return s, nil
+}
+
+// ofProcess is the server of the test process pid, as far as names go.
+func ofProcess(pid int) *Server {
+	return &Server{namespace: fmt.Sprintf("spillway-split-%d", pid), link: fmt.Sprintf("spsplit%dh", pid)}
+}
+
+// removeLeftovers stops the servers of test processes that ended without
+// stopping theirs (a run killed at its timeout), whose namespaces, links
+// and server processes would otherwise stay until the machine restarts.
+func removeLeftovers() {
+	dirs, _ := filepath.Glob(filepath.Join(os.TempDir(), "spillway-split-*-*"))
+	for _, dir := range dirs {
+		var pid int
+		if _, err := fmt.Sscanf(filepath.Base(dir), "spillway-split-%d-", &pid); err != nil {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue // its process still runs, and stops it
+		}
+		s := ofProcess(pid)
+		s.dir = dir
+		s.Stop()
+	}
 }
 
 // Cut takes the host's end of the link down: from then on the server's
