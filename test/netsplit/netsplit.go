@@ -27,8 +27,7 @@ const port = "5432"
 type Server struct {
 	// URL reaches the server over the link, as the database user postgres.
 	URL string
-	// socket is the directory of the server's Unix socket.
-	socket    string
+	// dir holds the server's data, its log and its Unix socket.
 	dir       string
 	namespace string
 	// link is the host's end of the veth pair.
@@ -63,7 +62,7 @@ func Start(ctx context.Context) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.dir, s.socket = dir, dir
+	s.dir = dir
 	data := filepath.Join(dir, "data")
 	steps := [][]string{
 		{"ip", "netns", "add", s.namespace},
@@ -123,7 +122,7 @@ func (s *Server) Cut(ctx context.Context) error {
 // Local opens a pool on the server's Unix socket, which the cut leaves
 // open.
 func (s *Server) Local(ctx context.Context) (*pgxpool.Pool, error) {
-	return pgxpool.New(ctx, fmt.Sprintf("host=%s port=%s user=postgres dbname=postgres", s.socket, port))
+	return pgxpool.New(ctx, fmt.Sprintf("host=%s port=%s user=postgres dbname=postgres", s.dir, port))
 }
 
 // Stop stops the server and removes the namespace, the link and the
