@@ -48,8 +48,9 @@ var _ = Describe("A drainer's host and its database's, parted by a link that goe
 		listenCtx, stopListening := context.WithCancel(context.Background())
 		DeferCleanup(stopListening)
 		go func() { lost <- store.Listen(listenCtx, spec, func() { close(listening) }, func() {}) }()
-		Eventually(listening).Should(BeClosed())
+		Eventually(listening, 10*time.Second).Should(BeClosed())
 		Expect(drainerSessions(ctx, local)).To(BeNumerically(">=", 2), "the hush's session and the LISTEN session")
+		Expect(advisoryLocks(ctx, local)).To(Equal(1), "the hush")
 		Expect(wakesListener(ctx, local, spec)).To(BeFalse(), "while the drainer hushes them, commits notify no one")
 
 		Expect(server.Cut(ctx)).To(Succeed())
@@ -61,6 +62,8 @@ var _ = Describe("A drainer's host and its database's, parted by a link that goe
 		Eventually(func(ctx SpecContext) int { return drainerSessions(ctx, local) }).WithContext(ctx).
 			WithTimeout(time.Minute).WithPolling(time.Second).Should(BeZero(), "the vanished drainer's sessions on the server")
 		serverNoticed := time.Since(cut)
+		Eventually(func(ctx SpecContext) int { return advisoryLocks(ctx, local) }).WithContext(ctx).
+			WithTimeout(10*time.Second).Should(BeZero(), "the vanished drainer's hush")
 		Expect(wakesListener(ctx, local, spec)).To(BeTrue(), "with the hush gone, a commit wakes the rest of the fleet")
 		GinkgoWriter.Printf("link cut: the drainer ended its LISTEN session after %s, the server the drainer's sessions after %s\n",
 			clientNoticed.Round(time.Second), serverNoticed.Round(time.Second))
@@ -71,6 +74,14 @@ var _ = Describe("A drainer's host and its database's, parted by a link that goe
 func drainerSessions(ctx context.Context, db *pgxpool.Pool) int {
 	var n int
 	Expect(db.QueryRow(ctx, "SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE 'spillway-drainer/%'").Scan(&n)).To(Succeed())
+	return n
+}
+
+// advisoryLocks counts the advisory locks held on the server, where only
+// the drainer's hush takes any.
+func advisoryLocks(ctx context.Context, db *pgxpool.Pool) int {
+	var n int
+	Expect(db.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted").Scan(&n)).To(Succeed())
 	return n
 }
 
