@@ -273,7 +273,9 @@ write_config() {
 # Written by hack/postgres-ha.sh; rewritten by every up.
 listen_addresses = '127.0.0.1'
 max_connections = 200
-wal_level = replica
+# logical, not replica: make bench's logical section decodes the primary's
+# WAL through a slot.
+wal_level = logical
 hot_standby = on
 max_wal_senders = 10
 wal_keep_size = 512MB

@@ -43,7 +43,7 @@ var (
 	tunedBatch    = flag.Int("tuned-batch-size", 1000, "batch size of the tuned run the defaults are compared with")
 	tunedDepth    = flag.Int("tuned-pipeline-depth", 256, "pipeline depth of the tuned run (its lease is raised to the lease rule's)")
 	ceilingWindow = flag.Int("ceiling-window", 256, "confirms in flight of the raw publisher")
-	sectionList   = flag.String("sections", "throughput,neighbour,latency,claims,ordering,spent,design,anatomy,vacuum,pooler,webhook,tracing", "which measurements to run, comma-separated")
+	sectionList   = flag.String("sections", "throughput,neighbour,latency,claims,ordering,spent,design,logical,anatomy,vacuum,pooler,webhook,tracing", "which measurements to run, comma-separated")
 	cpuProfile    = flag.String("cpuprofile", "", "write a CPU profile to this file of the first 1-drainer run: the throughput section's, or the webhook section's a row per request")
 	memProfile    = flag.String("memprofile", "", "write an allocation profile of the same run to this file")
 )
@@ -125,7 +125,7 @@ func main() {
 		name string
 		run  func(context.Context) []string
 	}{{"throughput", b.throughput}, {"neighbour", b.goodNeighbour}, {"latency", b.latency}, {"claims", b.claims}, {"ordering", b.ordering},
-		{"spent", b.spent}, {"design", b.designs}, {"anatomy", b.anatomy}, {"vacuum", b.vacuum}, {"pooler", b.pooler}, {"webhook", b.webhooks}, {"tracing", b.tracing}}
+		{"spent", b.spent}, {"design", b.designs}, {"logical", b.logical}, {"anatomy", b.anatomy}, {"vacuum", b.vacuum}, {"pooler", b.pooler}, {"webhook", b.webhooks}, {"tracing", b.tracing}}
 	var targets, stolen []string
 	for _, s := range order {
 		if !sections[s.name] {
