@@ -53,7 +53,7 @@ func (b *bench) logical(ctx context.Context) []string {
 	fmt.Printf("  %-52s %7s %6s %6s %9s %8s %9s %8s %7s %8s\n", "", "session", "rest", "total", "B/event", "pages B", "heap", "index", "/event", "ceiling")
 	insert, decode, drain := medianCost(inserts), medianCost(decodes), medianCost(drains)
 	insert.print("the application's insert (reference)", 0)
-	decode.print("a logical slot's walsender decoding the inserts", ceiling.rate())
+	decode.print("a logical slot's walsender decoding the inserts", 0) // it publishes nothing
 	drain.print("today: heap-only claim, deletes (default)", ceiling.rate())
 	fmt.Println("  WAL by record type, records/event × bytes:")
 	for _, l := range []struct {
@@ -89,7 +89,6 @@ func (b *bench) logicalRun(ctx context.Context) (insert, decode, drain designCos
 	}
 	// The slot is temporary: it goes with the session, so a run that dies
 	// leaves nothing holding the primary's WAL.
-	defer conn.Close(context.Background())
 	slot, err := pglogrepl.CreateReplicationSlot(ctx, conn, name, "pgoutput",
 		pglogrepl.CreateReplicationSlotOptions{Temporary: true, Mode: pglogrepl.LogicalReplication})
 	if err != nil {
