@@ -103,7 +103,7 @@ func (b *bench) designs(ctx context.Context) []string {
 }
 
 // readsWAL creates the extensions a design cost is read with, or says why
-// section is skipped without them.
+// the section is skipped without them.
 func (b *bench) readsWAL(ctx context.Context, section string) bool {
 	for _, ext := range []string{"pg_walinspect", "pgstattuple"} {
 		if _, err := b.pool.Exec(ctx, "CREATE EXTENSION IF NOT EXISTS "+ext); err != nil {
