@@ -78,8 +78,7 @@ func (b *bench) designs(ctx context.Context) []string {
 	fmt.Printf("\ndesign: what relaying an event costs the database, against the application's insert of it: %d events of %d bytes inserted by one statement, "+
 		"then drained by %d drainer(s) at the defaults (batch %d, depth %d); medians of %d rounds for CPU and throughput\n",
 		*events, *payloadBytes, *designDrainers, *batchSize, *depth, *rounds)
-	fmt.Printf("  %-52s %21s %9s %8s %18s %7s %8s\n", "", "Postgres CPU µs/event", "WAL", "full", "pages changed/1k", "dead", "÷")
-	fmt.Printf("  %-52s %7s %6s %6s %9s %8s %9s %8s %7s %8s\n", "", "session", "rest", "total", "B/event", "pages B", "heap", "index", "/event", "ceiling")
+	printCostHeader()
 	insert := medianCost(inserts)
 	insert.print("the application's insert (reference)", 0)
 	today := designCost{}
@@ -90,11 +89,11 @@ func (b *bench) designs(ctx context.Context) []string {
 			today = cost
 		}
 	}
-	fmt.Println("  WAL by record type, records/event × bytes:")
-	fmt.Printf("    %-50s %s\n", "the application's insert", insert.records)
+	records := []walRecords{{"the application's insert", insert.records}}
 	for i, d := range designs {
-		fmt.Printf("    %-50s %s\n", d.what, drains[i][len(drains[i])-1].records)
+		records = append(records, walRecords{d.what, drains[i][len(drains[i])-1].records})
 	}
+	printRecords(records)
 	return []string{
 		target("Postgres CPU of a drain at the defaults ≤ the insert's", fmt.Sprintf("%.1f µs against %.1f µs", today.total(), insert.total()), today.total() <= insert.total()),
 		target("WAL per event of a drain at the defaults ≤ the insert's", fmt.Sprintf("%.0f B against %.0f B", today.wal, insert.wal), today.wal <= insert.wal),
@@ -112,6 +111,23 @@ func (b *bench) readsWAL(ctx context.Context, section string) bool {
 		}
 	}
 	return true
+}
+
+// printCostHeader prints the heading of a table of designCost lines.
+func printCostHeader() {
+	fmt.Printf("  %-52s %21s %9s %8s %18s %7s %8s\n", "", "Postgres CPU µs/event", "WAL", "full", "pages changed/1k", "dead", "÷")
+	fmt.Printf("  %-52s %7s %6s %6s %9s %8s %9s %8s %7s %8s\n", "", "session", "rest", "total", "B/event", "pages B", "heap", "index", "/event", "ceiling")
+}
+
+// walRecords is one stretch's WAL by record type, as walCost reads it.
+type walRecords struct{ what, records string }
+
+// printRecords prints each stretch's WAL by record type.
+func printRecords(stretches []walRecords) {
+	fmt.Println("  WAL by record type, records/event × bytes:")
+	for _, s := range stretches {
+		fmt.Printf("    %-50s %s\n", s.what, s.records)
+	}
 }
 
 func (c designCost) total() float64 { return c.sessions + c.rest }
@@ -164,7 +180,7 @@ func (b *bench) insertStretch(ctx context.Context, table string) designCost {
 	b.insertEvents(ctx, table, *events)
 	shares, use := watch.databaseShares(), watch.stop(*events).cpu
 	insert := b.walCost(ctx, start, b.lsn(ctx))
-	insert.sessions, insert.rest = perEventµs(shares.clients), perEventµs(use.seconds[groupDatabase]-shares.clients)
+	insert.sessions, insert.rest = perEventµs(shares.clients), perEventµs(max(use.seconds[groupDatabase]-shares.clients, 0))
 	insert.dead = b.deadTuples(ctx, table)
 	return insert
 }
@@ -181,7 +197,7 @@ func (b *bench) drainStretch(ctx context.Context, spec outbox.TableSpec, d desig
 	}
 	r := b.drain(ctx, spec, *designDrainers, d.tweak, opts...)
 	drain := b.walCost(ctx, drainStart, b.lsn(ctx))
-	drain.sessions, drain.rest = perEventµs(r.sessions.drainers), perEventµs(r.cpu.seconds[groupDatabase]-r.sessions.drainers)
+	drain.sessions, drain.rest = perEventµs(r.sessions.drainers), perEventµs(max(r.cpu.seconds[groupDatabase]-r.sessions.drainers, 0))
 	drain.dead, drain.rate = b.deadTuples(ctx, spec.Name), r.rate
 	return drain
 }

@@ -49,19 +49,12 @@ func (b *bench) logical(ctx context.Context) []string {
 	}
 	fmt.Printf("\nlogical: what a relay reading the WAL through a logical slot (pgoutput) costs the database, against the insert and today's drain "+
 		"of the same %d events of %d bytes, on the HA primary (wal_level logical); medians of %d rounds for CPU and throughput\n", *events, *payloadBytes, *rounds)
-	fmt.Printf("  %-52s %21s %9s %8s %18s %7s %8s\n", "", "Postgres CPU µs/event", "WAL", "full", "pages changed/1k", "dead", "÷")
-	fmt.Printf("  %-52s %7s %6s %6s %9s %8s %9s %8s %7s %8s\n", "", "session", "rest", "total", "B/event", "pages B", "heap", "index", "/event", "ceiling")
+	printCostHeader()
 	insert, decode, drain := medianCost(inserts), medianCost(decodes), medianCost(drains)
 	insert.print("the application's insert (reference)", 0)
 	decode.print("a logical slot's walsender decoding the inserts", 0) // it publishes nothing
 	drain.print("today: heap-only claim, deletes (default)", ceiling.rate())
-	fmt.Println("  WAL by record type, records/event × bytes:")
-	for _, l := range []struct {
-		what string
-		c    designCost
-	}{{"the application's insert", insert}, {"the slot's decoding", decode}, {"today's drain", drain}} {
-		fmt.Printf("    %-50s %s\n", l.what, l.c.records)
-	}
+	printRecords([]walRecords{{"the application's insert", insert.records}, {"the slot's decoding", decode.records}, {"today's drain", drain.records}})
 	fmt.Printf("  per event, against the insert: the slot's decoding %.2f ×, today's drain %.2f ×; the slot's walsender decoded %.0f events/s\n",
 		decode.total()/insert.total(), drain.total()/insert.total(), decode.rate)
 	return nil
@@ -109,17 +102,17 @@ func (b *bench) logicalRun(ctx context.Context) (insert, decode, drain designCos
 	return insert, decode, b.drainStretch(ctx, spec, design{})
 }
 
-// decodeStretch streams the slot from its start until the walsender has
-// sent every inserted row, and returns what that cost: the walsender's CPU
+// decodeStretch streams the slot from its start, with the publication of
+// the same name, until the walsender has sent every inserted row, and returns what that cost: the walsender's CPU
 // as the session's, and its rate. Every row's id must come once.
-func (b *bench) decodeStretch(ctx context.Context, conn *pgconn.PgConn, slot string, from pglogrepl.LSN, walsender string) designCost {
+func (b *bench) decodeStretch(ctx context.Context, conn *pgconn.PgConn, name string, from pglogrepl.LSN, walsender string) designCost {
 	quiesce("logical decoding")
 	log.Printf("decoding %d inserts through the slot", *events)
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Minute)
 	defer cancel()
 	start, before, began := b.lsn(ctx), readCPU(), time.Now()
-	if err := pglogrepl.StartReplication(ctx, conn, slot, from, pglogrepl.StartReplicationOptions{
-		PluginArgs: []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", slot)},
+	if err := pglogrepl.StartReplication(ctx, conn, name, from, pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", name)},
 	}); err != nil {
 		log.Fatalf("start streaming the slot: %v", err)
 	}
